@@ -1,0 +1,204 @@
+//! FlashAttention-2 (Dao, 2023) on the CPU: each task owns a Br-row tile of queries for one
+//! (batch, head) and streams Bc-key tiles of K and V through it, keeping the running row max
+//! m, denominator l and unnormalised output O (the FA2 recurrence: O ← e^(m_old−m_new)·O +
+//! P·V, one final O/l). Scores never leave the Br×Bc tile. GQA maps query head h to KV head
+//! h / group without copying K/V; causal tiles past the diagonal are skipped.
+
+use super::gemm::{sgemm, widen, Strides};
+use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
+use crate::{ContiguousAttention, PreparedAttention};
+use kernel_common::error::Result;
+use kernel_common::{simd, Buffer, Cost, DType, Device, Element, KernelError};
+use rayon::prelude::*;
+
+/// Default query-tile rows.
+pub const DEFAULT_BR: usize = 64;
+/// Default key-tile columns.
+pub const DEFAULT_BC: usize = 128;
+/// Largest tile side accepted.
+pub const MAX_TILE: usize = 1024;
+
+/// The flash2 variant with its tile sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct Flash2 {
+    br: usize,
+    bc: usize,
+}
+
+impl Flash2 {
+    /// Tile sizes must be in `1..=MAX_TILE`.
+    pub fn new(br: usize, bc: usize) -> Result<Flash2> {
+        for (name, t) in [("br", br), ("bc", bc)] {
+            if t == 0 || t > MAX_TILE {
+                return Err(KernelError::Unsupported(format!(
+                    "flash2 tile {name}={t} must be in 1..={MAX_TILE}"
+                )));
+            }
+        }
+        Ok(Flash2 { br, bc })
+    }
+
+    /// Scratch floats one task holds: Q tile, O tile, S tile, widened K and V tiles, m and l.
+    pub fn scratch_floats(&self, head_dim: usize) -> usize {
+        2 * self.br * head_dim + self.br * self.bc + 2 * self.bc * head_dim + 2 * self.br
+    }
+}
+
+/// One task: query rows `i0..i0+rows` of one (batch, head) against its KV head.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn q_tile<T: Element>(
+    shape: &AttentionShape,
+    bc: usize,
+    i0: usize,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    out: &mut [T],
+) {
+    let d = shape.head_dim;
+    let rows = out.len() / d;
+    let mut q_scratch = Vec::new();
+    let qt = widen(q, &mut q_scratch);
+    let mut o = vec![0.0f32; rows * d];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0.0f32; rows];
+    let mut s = vec![0.0f32; rows * bc];
+    let (mut ks, mut vs) = (Vec::new(), Vec::new());
+    // Keys beyond the last row's horizon are never needed.
+    let kv_end = if shape.causal {
+        shape.q_pos(i0 + rows - 1) + 1
+    } else {
+        shape.kv_len
+    };
+    let mut j0 = 0;
+    while j0 < kv_end {
+        let cols = bc.min(kv_end - j0);
+        let kt = widen(&k[j0 * d..(j0 + cols) * d], &mut ks);
+        let vt = widen(&v[j0 * d..(j0 + cols) * d], &mut vs);
+        sgemm(
+            rows,
+            d,
+            cols,
+            shape.scale,
+            qt,
+            Strides::row_major(d),
+            kt,
+            Strides::transposed(d),
+            0.0,
+            &mut s,
+            bc,
+        );
+        for r in 0..rows {
+            let srow = &mut s[r * bc..r * bc + cols];
+            if shape.causal {
+                // Keys after this row's position are masked out of this tile.
+                let seen = (shape.q_pos(i0 + r) + 1).saturating_sub(j0).min(cols);
+                srow[seen..].fill(f32::NEG_INFINITY);
+            }
+            let m_new = m[r].max(simd::max(srow));
+            let row_sum = simd::exp_shifted_sum(srow, m_new);
+            let alpha = simd::exp_f32(m[r] - m_new);
+            l[r] = alpha * l[r] + row_sum;
+            if alpha != 1.0 {
+                simd::scale(alpha, &mut o[r * d..(r + 1) * d]);
+            }
+            m[r] = m_new;
+        }
+        sgemm(
+            rows,
+            cols,
+            d,
+            1.0,
+            &s,
+            Strides::row_major(bc),
+            vt,
+            Strides::row_major(d),
+            1.0,
+            &mut o,
+            d,
+        );
+        j0 += cols;
+    }
+    for (r, orow) in o.chunks_exact_mut(d).enumerate() {
+        simd::scale(1.0 / l[r], orow);
+    }
+    T::narrow_into(&o, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn q_tile_avx2<T: Element>(
+    shape: &AttentionShape,
+    bc: usize,
+    i0: usize,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    out: &mut [T],
+) {
+    q_tile(shape, bc, i0, q, k, v, out)
+}
+
+impl Flash2 {
+    fn run<T: Element>(&self, shape: &AttentionShape, q: &[T], k: &[T], v: &[T], out: &mut [T]) {
+        let (lq, lk, d) = (shape.q_len, shape.kv_len, shape.head_dim);
+        let avx2 = simd::avx2_fma_available();
+        out.par_chunks_mut(lq * d)
+            .enumerate()
+            .for_each(|(bh, o_head)| {
+                let (b, h) = (bh / shape.q_heads, bh % shape.q_heads);
+                let kv = (b * shape.kv_heads + h / shape.group()) * lk * d;
+                let (kh, vh) = (&k[kv..kv + lk * d], &v[kv..kv + lk * d]);
+                let q_head = &q[bh * lq * d..(bh + 1) * lq * d];
+                o_head
+                    .par_chunks_mut(self.br * d)
+                    .enumerate()
+                    .for_each(|(t, o)| {
+                        let i0 = t * self.br;
+                        let qt = &q_head[i0 * d..i0 * d + o.len()];
+                        #[cfg(target_arch = "x86_64")]
+                        if avx2 {
+                            // SAFETY: AVX2 and FMA were detected on this CPU.
+                            return unsafe { q_tile_avx2(shape, self.bc, i0, qt, kh, vh, o) };
+                        }
+                        let _ = avx2;
+                        q_tile(shape, self.bc, i0, qt, kh, vh, o)
+                    });
+            });
+    }
+}
+
+impl ContiguousAttention for Flash2 {
+    fn compute(
+        &self,
+        shape: &AttentionShape,
+        inputs: &AttentionInputs,
+        out: &mut Buffer,
+    ) -> Result<()> {
+        out.expect("out", inputs.dtype(), shape.q_elems())?;
+        crate::with_qkvo!(inputs, out, |q, k, v, o| self.run(shape, q, k, v, o));
+        Ok(())
+    }
+}
+
+impl AttentionKernel for Flash2 {
+    fn name(&self) -> String {
+        format!("flash2:bc={},br={}", self.bc, self.br)
+    }
+    fn supports(&self, _shape: &AttentionShape, _dtype: DType, device: Device) -> Result<()> {
+        cpu_only("flash2", device)
+    }
+    /// Compulsory traffic only: K/V tiles are re-read from cache, not from memory.
+    fn cost(&self, shape: &AttentionShape, dtype: DType) -> Cost {
+        shape.io_cost(dtype)
+    }
+    fn prepare<'a>(
+        &'a self,
+        shape: &AttentionShape,
+        inputs: &'a AttentionInputs,
+    ) -> Result<Box<dyn PreparedAttention + 'a>> {
+        prepare_contiguous(self, shape, inputs)
+    }
+}

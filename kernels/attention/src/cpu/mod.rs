@@ -1,0 +1,9 @@
+//! Optimised CPU attention variants (rayon threads, f32 accumulation, AVX2/FMA picked at run
+//! time); `mod.rs` only re-exports.
+
+/// FlashAttention-2 tiling with online softmax.
+pub mod flash2;
+/// Small dense products on f32 tiles and dtype widening shared by the variants.
+pub mod gemm;
+/// Standard attention with the score matrix materialised per head.
+pub mod naive;

@@ -1,0 +1,202 @@
+//! `AttentionShape`: batch, query/KV heads (MHA when equal, GQA when kv_heads divides
+//! q_heads, MQA when 1), query and key lengths, head_dim, causal flag and softmax scale;
+//! validated once, plus the FLOP and byte counts the roofline uses.
+
+use kernel_common::error::Result;
+use kernel_common::{Cost, DType, KernelError};
+
+/// One attention problem. Causal attention with `q_len < kv_len` is the append/decode case:
+/// query `i` sits at absolute position `kv_len - q_len + i` and sees keys `0..=` that position.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Softmax scale applied to q·k (usually 1/√head_dim).
+    pub scale: f32,
+}
+
+impl AttentionShape {
+    /// A shape with the conventional scale 1/√head_dim.
+    pub fn new(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        q_len: usize,
+        kv_len: usize,
+        head_dim: usize,
+        causal: bool,
+    ) -> AttentionShape {
+        AttentionShape {
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            causal,
+            scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+        }
+    }
+
+    /// Checks every field once so variants never have to.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(KernelError::InvalidShape(m));
+        for (name, v) in [
+            ("batch", self.batch),
+            ("q_heads", self.q_heads),
+            ("kv_heads", self.kv_heads),
+            ("q_len", self.q_len),
+            ("kv_len", self.kv_len),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be > 0"));
+            }
+        }
+        if self.q_heads % self.kv_heads != 0 {
+            return bad(format!(
+                "kv_heads ({}) must divide q_heads ({})",
+                self.kv_heads, self.q_heads
+            ));
+        }
+        if self.causal && self.q_len > self.kv_len {
+            return bad(format!(
+                "causal attention needs q_len ({}) <= kv_len ({}): queries are the last q_len positions",
+                self.q_len, self.kv_len
+            ));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return bad(format!(
+                "softmax scale must be finite and > 0, got {}",
+                self.scale
+            ));
+        }
+        let q = [self.batch, self.q_heads, self.q_len, self.head_dim];
+        let kv = [self.batch, self.kv_heads, self.kv_len, self.head_dim];
+        for dims in [q, kv] {
+            if dims
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .is_none_or(|n| n > isize::MAX as usize / 8)
+            {
+                return bad(format!("tensor of dims {dims:?} is too large to address"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.q_heads / self.kv_heads
+    }
+
+    /// Elements of q and of the output.
+    pub fn q_elems(&self) -> usize {
+        self.batch * self.q_heads * self.q_len * self.head_dim
+    }
+
+    /// Elements of k (and of v).
+    pub fn kv_elems(&self) -> usize {
+        self.batch * self.kv_heads * self.kv_len * self.head_dim
+    }
+
+    /// Absolute position of query row `i` (its causal horizon is keys `0..=pos`).
+    pub fn q_pos(&self, i: usize) -> usize {
+        self.kv_len - self.q_len + i
+    }
+
+    /// Number of keys query row `i` attends to.
+    pub fn keys_seen(&self, i: usize) -> usize {
+        if self.causal {
+            self.q_pos(i) + 1
+        } else {
+            self.kv_len
+        }
+    }
+
+    /// Unmasked (query, key) pairs per head.
+    pub fn pairs_per_head(&self) -> u64 {
+        let (lq, lk) = (self.q_len as u64, self.kv_len as u64);
+        if self.causal {
+            lq * (lk - lq) + lq * (lq + 1) / 2
+        } else {
+            lq * lk
+        }
+    }
+
+    /// Useful FLOPs: 2·d for q·k and 2·d for p·v per unmasked pair, every head.
+    pub fn flops(&self) -> u64 {
+        4 * (self.batch * self.q_heads * self.head_dim) as u64 * self.pairs_per_head()
+    }
+
+    /// Compulsory traffic: read q, k, v once and write the output once.
+    pub fn io_cost(&self, dtype: DType) -> Cost {
+        let elems = 2 * self.q_elems() + 2 * self.kv_elems();
+        Cost {
+            bytes: (elems * dtype.size()) as u64,
+            flops: self.flops(),
+        }
+    }
+
+    /// Short label for tables (`b8 h32/8 q1 kv4096 d128 causal`).
+    pub fn label(&self) -> String {
+        format!(
+            "b{} h{}/{} q{} kv{} d{}{}",
+            self.batch,
+            self.q_heads,
+            self.kv_heads,
+            self.q_len,
+            self.kv_len,
+            self.head_dim,
+            if self.causal { " causal" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_problem() {
+        let ok = AttentionShape::new(1, 32, 8, 4, 16, 128, true);
+        assert!(ok.validate().is_ok());
+        let err = |s: AttentionShape| s.validate().unwrap_err().to_string();
+        assert!(err(AttentionShape::new(1, 32, 3, 4, 16, 128, true))
+            .contains("kv_heads (3) must divide q_heads (32)"));
+        assert!(err(AttentionShape::new(1, 32, 8, 4, 16, 0, true)).contains("head_dim must be > 0"));
+        assert!(err(AttentionShape::new(1, 32, 8, 17, 16, 64, true)).contains("q_len"));
+        let mut s = ok;
+        s.scale = f32::NAN;
+        assert!(err(s).contains("scale"));
+        assert!(
+            err(AttentionShape::new(usize::MAX / 2, 32, 8, 4, 16, 128, true)).contains("too large")
+        );
+        // Non-causal cross attention may have q_len > kv_len.
+        assert!(AttentionShape::new(1, 4, 4, 17, 16, 64, false)
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn pair_counts() {
+        let s = AttentionShape::new(1, 1, 1, 4, 4, 8, true);
+        assert_eq!(s.pairs_per_head(), 10);
+        let s = AttentionShape::new(1, 1, 1, 2, 5, 8, true);
+        // positions 3 and 4 see 4 and 5 keys.
+        assert_eq!(s.pairs_per_head(), 9);
+        assert_eq!(s.keys_seen(0), 4);
+        let s = AttentionShape::new(2, 4, 2, 3, 5, 8, false);
+        assert_eq!(s.pairs_per_head(), 15);
+        assert_eq!(s.flops(), 4 * 2 * 4 * 8 * 15);
+        assert_eq!(
+            s.io_cost(DType::F16).bytes,
+            ((2 * 2 * 4 * 3 * 8 + 2 * 2 * 2 * 5 * 8) * 2) as u64
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! Property tests: every attention variant equals the f64 reference on random shapes, tile
+//! sizes and dtypes, with outputs poisoned first; GQA with kv_heads = q_heads equals MHA;
+//! a batch row's result does not depend on its neighbours.
+
+use attention_kernels::reference::attention;
+use attention_kernels::{kernel_from_spec, AttentionInputs, AttentionKernel, AttentionShape};
+use kernel_common::{tolerance, Buffer, DType, ErrorStats, VariantSpec};
+use proptest::prelude::*;
+
+fn kernel(spec: &str) -> Box<dyn AttentionKernel> {
+    kernel_from_spec(&VariantSpec::parse(spec).unwrap())
+        .unwrap()
+        .unwrap()
+}
+
+fn run(kernel: &dyn AttentionKernel, shape: &AttentionShape, inputs: &AttentionInputs) -> Vec<f32> {
+    let mut out = Buffer::poisoned(inputs.dtype(), shape.q_elems());
+    kernel
+        .prepare(shape, inputs)
+        .unwrap()
+        .run(&mut out)
+        .unwrap();
+    out.to_f32()
+}
+
+fn check(spec: &str, shape: &AttentionShape, dtype: DType, seed: u64) -> Result<(), TestCaseError> {
+    let inputs = AttentionInputs::random(shape, dtype, seed);
+    let want = attention(shape, &inputs);
+    let got = run(kernel(spec).as_ref(), shape, &inputs);
+    let stats = ErrorStats::compare(&got, &want);
+    prop_assert!(
+        stats.passes(&tolerance(dtype)),
+        "{spec} {dtype} {}: {stats:?}",
+        shape.label()
+    );
+    Ok(())
+}
+
+fn shapes() -> impl Strategy<Value = AttentionShape> {
+    (
+        1usize..3,
+        0usize..3,
+        1usize..4,
+        1usize..80,
+        0usize..80,
+        1usize..70,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(batch, kv_heads_log, group, q_len, extra, head_dim, causal)| {
+                let kv_heads = 1 << kv_heads_log;
+                AttentionShape::new(
+                    batch,
+                    kv_heads * group,
+                    kv_heads,
+                    q_len,
+                    q_len + extra,
+                    head_dim,
+                    causal,
+                )
+            },
+        )
+}
+
+fn dtypes() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn flash2_equals_reference(shape in shapes(), br in 1usize..40, bc in 1usize..40, dtype in dtypes(), seed in any::<u64>()) {
+        check(&format!("flash2:br={br},bc={bc}"), &shape, dtype, seed)?;
+    }
+
+    #[test]
+    fn naive_equals_reference(shape in shapes(), dtype in dtypes(), seed in any::<u64>()) {
+        check("naive", &shape, dtype, seed)?;
+    }
+
+    #[test]
+    fn gqa_with_all_kv_heads_is_mha(shape in shapes(), seed in any::<u64>()) {
+        // The same tensors read as MHA (q_heads = kv_heads) and through the GQA code path
+        // with group 1 must agree exactly with each other and with the reference.
+        let mha = AttentionShape { kv_heads: shape.q_heads, ..shape };
+        let inputs = AttentionInputs::random(&mha, DType::F32, seed);
+        let a = run(kernel("flash2").as_ref(), &mha, &inputs);
+        let b = run(kernel("flash2:br=7,bc=5").as_ref(), &mha, &inputs);
+        let want = attention(&mha, &inputs);
+        prop_assert!(ErrorStats::compare(&a, &want).passes(&tolerance(DType::F32)));
+        prop_assert!(ErrorStats::compare(&b, &want).passes(&tolerance(DType::F32)));
+    }
+
+    #[test]
+    fn batch_invariance(shape in shapes(), seed in any::<u64>(), other in any::<u64>()) {
+        // Row 0 of a batch gives bit-identical output whatever the other rows hold.
+        let shape = AttentionShape { batch: 3, ..shape };
+        let one = AttentionShape { batch: 1, ..shape };
+        let mut a = AttentionInputs::random(&shape, DType::F32, seed);
+        let first = AttentionInputs::random(&one, DType::F32, seed ^ 1);
+        let b_noise = AttentionInputs::random(&shape, DType::F32, other);
+        for (dst, src, noise) in [(&mut a.q, &first.q, &b_noise.q), (&mut a.k, &first.k, &b_noise.k), (&mut a.v, &first.v, &b_noise.v)] {
+            let (Buffer::F32(d), Buffer::F32(s), Buffer::F32(n)) = (dst, src, noise) else { unreachable!() };
+            d[..s.len()].copy_from_slice(s);
+            d[s.len()..].copy_from_slice(&n[s.len()..]);
+        }
+        for spec in ["naive", "flash2", "flash2:br=3,bc=9"] {
+            let k = kernel(spec);
+            let alone = run(k.as_ref(), &one, &first);
+            let batched = run(k.as_ref(), &shape, &a);
+            prop_assert_eq!(&alone[..], &batched[..alone.len()], "{}", spec);
+        }
+    }
+}
+
+#[test]
+fn edge_cases_match_reference() {
+    let cases = [
+        AttentionShape::new(1, 1, 1, 1, 1, 1, true),
+        AttentionShape::new(2, 4, 1, 1, 577, 64, true),
+        AttentionShape::new(1, 6, 2, 54, 97, 128, true),
+        AttentionShape::new(1, 2, 2, 97, 97, 64, true),
+        AttentionShape::new(1, 3, 3, 577, 577, 128, false),
+        AttentionShape::new(1, 4, 2, 33, 200, 80, false),
+    ];
+    for (i, shape) in cases.iter().enumerate() {
+        for dtype in DType::ALL {
+            for spec in ["naive", "flash2", "flash2:br=16,bc=16", "reference"] {
+                check(spec, shape, dtype, i as u64).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_tiles_and_parameters_are_refused() {
+    for bad in [
+        "flash2:br=0",
+        "flash2:bc=5000",
+        "flash2:tile=3",
+        "naive:x=1",
+    ] {
+        assert!(
+            kernel_from_spec(&VariantSpec::parse(bad).unwrap()).is_err(),
+            "{bad}"
+        );
+    }
+    assert!(kernel_from_spec(&VariantSpec::parse("nosuch").unwrap())
+        .unwrap()
+        .is_none());
+}

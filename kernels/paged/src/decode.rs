@@ -1,0 +1,379 @@
+//! Paged decode attention for q_len 1..=MAX_Q_LEN new tokens per sequence (vLLM
+//! PagedAttention): one task per (sequence, KV head) serves all `group` query heads of that KV
+//! head, so each K/V row is read from memory once, walking the block table chunk by chunk
+//! with an online softmax. Split-KV (FlashDecoding, Dao et al. 2023) cuts long contexts into
+//! partitions computed in parallel, each returning its normalised output and log-sum-exp,
+//! then reduces them: out = Σ e^(lse_p − max)·o_p / Σ e^(lse_p − max).
+
+use crate::pool::{KvPool, PagedBatch, PoolLayout};
+use attention_kernels::cpu::gemm::widen;
+use kernel_common::error::Result;
+use kernel_common::{simd, Buffer, Element, KernelError};
+use rayon::prelude::*;
+
+/// Most new query tokens per sequence the decode kernel takes (speculative verification).
+pub const MAX_Q_LEN: usize = 16;
+/// Keys scored per online-softmax step.
+const CHUNK: usize = 64;
+/// Shortest partition `SplitKv::Auto` makes.
+const AUTO_MIN_PARTITION: usize = 512;
+
+/// The query side of a paged decode call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PagedDecodeShape {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// New tokens per sequence; they are the last `q_len` positions of its context.
+    pub q_len: usize,
+    pub scale: f32,
+}
+
+impl PagedDecodeShape {
+    /// Checks the shape against the pool and the batch.
+    pub fn validate(&self, layout: &PoolLayout, batch: &PagedBatch) -> Result<()> {
+        let bad = |m: String| Err(KernelError::InvalidShape(m));
+        layout.validate()?;
+        if self.kv_heads == 0 || self.q_heads == 0 || self.q_heads % self.kv_heads != 0 {
+            return bad(format!(
+                "kv_heads ({}) must divide q_heads ({}), both > 0",
+                self.kv_heads, self.q_heads
+            ));
+        }
+        if self.kv_heads != layout.kv_heads || self.head_dim != layout.head_dim {
+            return bad(format!(
+                "queries have {} KV heads of dim {}, the pool {} of dim {}",
+                self.kv_heads, self.head_dim, layout.kv_heads, layout.head_dim
+            ));
+        }
+        if self.q_len == 0 || self.q_len > MAX_Q_LEN {
+            return bad(format!(
+                "paged decode takes q_len 1..={MAX_Q_LEN}, got {}",
+                self.q_len
+            ));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return bad(format!(
+                "softmax scale must be finite and > 0, got {}",
+                self.scale
+            ));
+        }
+        if let Some((s, len)) = batch
+            .context_lens
+            .iter()
+            .enumerate()
+            .find(|(_, &l)| l < self.q_len)
+        {
+            return bad(format!(
+                "sequence {s}: context {len} is shorter than q_len {} (append the new tokens first)",
+                self.q_len
+            ));
+        }
+        batch.validate(layout)
+    }
+
+    /// Query rows one task serves: `group · q_len`.
+    pub fn rows(&self) -> usize {
+        self.q_heads / self.kv_heads * self.q_len
+    }
+
+    /// Elements of q and out for `seqs` sequences (`[seqs, q_heads, q_len, head_dim]`).
+    pub fn q_elems(&self, seqs: usize) -> usize {
+        seqs * self.q_heads * self.q_len * self.head_dim
+    }
+}
+
+/// How the context of a sequence is partitioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitKv {
+    /// One task per (sequence, KV head).
+    Off,
+    /// About two partitions per thread for each sequence, none shorter than 512 tokens.
+    Auto,
+    /// Partitions of this many tokens.
+    Tokens(usize),
+}
+
+impl SplitKv {
+    /// Parses `off`, `auto` or a positive token count.
+    pub fn parse(text: &str) -> Result<SplitKv> {
+        match text {
+            "off" => Ok(SplitKv::Off),
+            "auto" => Ok(SplitKv::Auto),
+            _ => match text.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(SplitKv::Tokens(n)),
+                _ => Err(KernelError::Unsupported(format!(
+                    "split='{text}' must be off, auto or a positive token count"
+                ))),
+            },
+        }
+    }
+
+    /// Tokens per partition of a sequence with `ctx` tokens (`ctx` itself = unsplit). It
+    /// depends on the sequence alone, never on its batch neighbours, so a sequence's output
+    /// is bit-identical whatever it is batched with.
+    pub fn partition_tokens(&self, ctx: usize) -> usize {
+        let tokens = match *self {
+            SplitKv::Off => ctx,
+            SplitKv::Tokens(n) => n,
+            SplitKv::Auto => ctx
+                .div_ceil(2 * rayon::current_num_threads())
+                .max(AUTO_MIN_PARTITION),
+        };
+        tokens.clamp(1, ctx.max(1))
+    }
+}
+
+/// Running softmax state of the rows of one task: unnormalised output, row max, row sum.
+struct Acc {
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+/// What one task reads: the pool of one dtype, one sequence's table and its KV head.
+struct TaskView<'a, T> {
+    layout: PoolLayout,
+    k: &'a [T],
+    v: &'a [T],
+    table: &'a [u32],
+    kv_head: usize,
+    /// Causal horizon (last visible position) of each row.
+    horizon: &'a [usize],
+}
+
+/// Walks positions `c0..c1` block by block, handing `f` (position, contiguous rows of `pool`).
+#[inline(always)]
+fn for_each_run<T: Element>(
+    view: &TaskView<'_, T>,
+    pool: &[T],
+    c0: usize,
+    c1: usize,
+    mut f: impl FnMut(usize, &[T]),
+) {
+    let (bs, d) = (view.layout.block_size, view.layout.head_dim);
+    let mut pos = c0;
+    while pos < c1 {
+        let off = pos % bs;
+        let run = (bs - off).min(c1 - pos);
+        let base = view
+            .layout
+            .offset(view.table[pos / bs] as usize, view.kv_head, off);
+        f(pos, &pool[base..base + run * d]);
+        pos += run;
+    }
+}
+
+/// Online-softmax attention of the task's rows (`q`, pre-scaled) over positions `t0..t1`.
+#[inline(always)]
+fn attend_range<T: Element>(
+    view: &TaskView<'_, T>,
+    q: &[f32],
+    t0: usize,
+    t1: usize,
+    acc: &mut Acc,
+) {
+    let d = view.layout.head_dim;
+    let rows = view.horizon.len();
+    let mut s = vec![0.0f32; rows * CHUNK];
+    let mut scratch = Vec::new();
+    let mut c0 = t0;
+    while c0 < t1 {
+        let c1 = (c0 + CHUNK).min(t1);
+        let n = c1 - c0;
+        for_each_run(view, view.k, c0, c1, |pos, run| {
+            let kb = widen(run, &mut scratch);
+            for (t, kt) in kb.chunks_exact(d).enumerate() {
+                for (r, qr) in q.chunks_exact(d).enumerate() {
+                    s[r * CHUNK + pos - c0 + t] = simd::dot(qr, kt);
+                }
+            }
+        });
+        for r in 0..rows {
+            let srow = &mut s[r * CHUNK..r * CHUNK + n];
+            let visible = (view.horizon[r] + 1).saturating_sub(c0).min(n);
+            srow[visible..].fill(f32::NEG_INFINITY);
+            let m_new = acc.m[r].max(simd::max(&srow[..visible]));
+            if m_new == f32::NEG_INFINITY {
+                continue; // nothing visible yet: the exponentials below are all zero
+            }
+            let row_sum = simd::exp_shifted_sum(srow, m_new);
+            let alpha = simd::exp_f32(acc.m[r] - m_new);
+            acc.l[r] = alpha * acc.l[r] + row_sum;
+            if alpha != 1.0 {
+                simd::scale(alpha, &mut acc.o[r * d..(r + 1) * d]);
+            }
+            acc.m[r] = m_new;
+        }
+        for_each_run(view, view.v, c0, c1, |pos, run| {
+            let vb = widen(run, &mut scratch);
+            for (t, vt) in vb.chunks_exact(d).enumerate() {
+                for (r, or) in acc.o.chunks_exact_mut(d).enumerate() {
+                    let p = s[r * CHUNK + pos - c0 + t];
+                    if p != 0.0 {
+                        simd::axpy(p, vt, or);
+                    }
+                }
+            }
+        });
+        c0 = c1;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_range_avx2<T: Element>(
+    view: &TaskView<'_, T>,
+    q: &[f32],
+    t0: usize,
+    t1: usize,
+    acc: &mut Acc,
+) {
+    attend_range(view, q, t0, t1, acc)
+}
+
+/// Runs one partition of one task and returns its state.
+fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize) -> Acc {
+    let rows = view.horizon.len();
+    let mut acc = Acc {
+        o: vec![0.0; rows * view.layout.head_dim],
+        m: vec![f32::NEG_INFINITY; rows],
+        l: vec![0.0; rows],
+    };
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2_fma_available() {
+        // SAFETY: AVX2 and FMA were detected on this CPU.
+        unsafe { attend_range_avx2(view, q, t0, t1, &mut acc) };
+        return acc;
+    }
+    attend_range(view, q, t0, t1, &mut acc);
+    acc
+}
+
+/// Merges partition states by log-sum-exp into `out` (rows × d, normalised).
+fn reduce<T: Element>(parts: &[Acc], d: usize, out: &mut [T]) {
+    let rows = out.len() / d;
+    let mut o = vec![0.0f32; d];
+    for r in 0..rows {
+        // lse_p = m_p + ln l_p; partitions a row cannot see (l = 0) carry no weight.
+        let lse = |p: &Acc| {
+            if p.l[r] > 0.0 {
+                p.m[r] + p.l[r].ln()
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let top = parts.iter().map(lse).fold(f32::NEG_INFINITY, f32::max);
+        o.fill(0.0);
+        let mut wsum = 0.0f32;
+        for p in parts.iter().filter(|p| p.l[r] > 0.0) {
+            let w = (lse(p) - top).exp();
+            wsum += w;
+            // The partition's normalised output o_p / l_p, weighted by w.
+            simd::axpy(w / p.l[r], &p.o[r * d..(r + 1) * d], &mut o);
+        }
+        T::narrow_into(
+            &o.iter().map(|x| x / wsum).collect::<Vec<_>>(),
+            &mut out[r * d..(r + 1) * d],
+        );
+    }
+}
+
+fn decode_typed<T: Element>(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    layout: PoolLayout,
+    (k, v): (&[T], &[T]),
+    q: &[T],
+    out: &mut [T],
+    split: SplitKv,
+) {
+    let d = shape.head_dim;
+    let rows = shape.rows();
+    out.par_chunks_mut(rows * d)
+        .enumerate()
+        .for_each(|(task, o)| {
+            let (seq, kv_head) = (task / shape.kv_heads, task % shape.kv_heads);
+            let ctx = batch.context_lens[seq];
+            let horizon: Vec<usize> = (0..rows)
+                .map(|r| ctx - shape.q_len + r % shape.q_len)
+                .collect();
+            let view = TaskView {
+                layout,
+                k,
+                v,
+                table: &batch.block_tables[seq],
+                kv_head,
+                horizon: &horizon,
+            };
+            let mut qf: Vec<f32> = vec![0.0; rows * d];
+            T::widen_into(&q[task * rows * d..(task + 1) * rows * d], &mut qf);
+            simd::scale(shape.scale, &mut qf);
+            let part = split.partition_tokens(ctx);
+            let bounds: Vec<(usize, usize)> = (0..ctx.div_ceil(part))
+                .map(|p| (p * part, ((p + 1) * part).min(ctx)))
+                .collect();
+            let parts: Vec<Acc> = if bounds.len() == 1 {
+                vec![partition(&view, &qf, 0, ctx)]
+            } else {
+                bounds
+                    .par_iter()
+                    .map(|&(t0, t1)| partition(&view, &qf, t0, t1))
+                    .collect()
+            };
+            reduce(&parts, d, o);
+        });
+}
+
+/// Paged decode: `q`/`out` are `[seqs, q_heads, q_len, head_dim]` in the pool's dtype.
+/// The output is poisoned by the caller, never read; unused pool slots are never read.
+pub fn paged_decode(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    pool: &KvPool,
+    q: &Buffer,
+    out: &mut Buffer,
+    split: SplitKv,
+) -> Result<()> {
+    shape.validate(&pool.layout, batch)?;
+    let dt = pool.dtype();
+    q.expect("q", dt, shape.q_elems(batch.len()))?;
+    out.expect("out", dt, shape.q_elems(batch.len()))?;
+    let layout = pool.layout;
+    match (&pool.k, &pool.v, q, out) {
+        (Buffer::F32(k), Buffer::F32(v), Buffer::F32(q), Buffer::F32(o)) => {
+            decode_typed(shape, batch, layout, (k, v), q, o, split)
+        }
+        (Buffer::F16(k), Buffer::F16(v), Buffer::F16(q), Buffer::F16(o)) => {
+            decode_typed(shape, batch, layout, (k, v), q, o, split)
+        }
+        (Buffer::BF16(k), Buffer::BF16(v), Buffer::BF16(q), Buffer::BF16(o)) => {
+            decode_typed(shape, batch, layout, (k, v), q, o, split)
+        }
+        _ => {
+            return Err(KernelError::BadBuffer(
+                "pool, q and out must share one dtype".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_parsing_and_partitions() {
+        assert_eq!(SplitKv::parse("off").unwrap(), SplitKv::Off);
+        assert_eq!(SplitKv::parse("512").unwrap(), SplitKv::Tokens(512));
+        assert!(SplitKv::parse("0").is_err());
+        assert!(SplitKv::parse("lots").is_err());
+        assert_eq!(SplitKv::Off.partition_tokens(10_000), 10_000);
+        assert_eq!(SplitKv::Tokens(100).partition_tokens(10_000), 100);
+        assert_eq!(SplitKv::Tokens(100).partition_tokens(7), 7);
+        let auto = SplitKv::Auto.partition_tokens(100_000);
+        assert!((512..100_000).contains(&auto));
+        assert_eq!(SplitKv::Auto.partition_tokens(300), 300);
+    }
+}

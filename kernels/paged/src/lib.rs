@@ -1,0 +1,39 @@
+//! Paged attention (vLLM's PagedAttention, Kwon et al. 2023): a KV pool of fixed-size blocks,
+//! per-sequence block tables with physical blocks in any order, an append kernel that writes
+//! new K/V into the pool, paged decode attention for q_len 1..=MAX_Q_LEN, and split-KV
+//! decoding (FlashDecoding: partial results with their log-sum-exp, then a reduction).
+
+/// The paged variants as `AttentionKernel`s, so experiments compare them with contiguous ones.
+pub mod adapter;
+/// Paged decode attention: one pass, or split-KV with a log-sum-exp reduction.
+pub mod decode;
+/// The KV block pool, block tables, the append kernel and the gather used by the reference.
+pub mod pool;
+/// The f64 reference: gather each sequence to contiguous K/V and run the attention oracle.
+pub mod reference;
+
+pub use adapter::PagedAttention;
+pub use decode::{paged_decode, PagedDecodeShape, SplitKv, MAX_Q_LEN};
+pub use pool::{append, KvPool, PagedBatch, PoolLayout, MAX_BLOCK_SIZE};
+
+use kernel_common::error::Result;
+use kernel_common::VariantSpec;
+
+/// Names and one-line descriptions of this crate's variants, for `harness list`.
+pub const VARIANTS: &[(&str, &str)] = &[(
+    "paged",
+    "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto | tokens per partition)",
+)];
+
+/// Builds a paged variant from its spec, or `None` when the name is not ours.
+pub fn kernel_from_spec(
+    spec: &VariantSpec,
+) -> Result<Option<Box<dyn attention_kernels::AttentionKernel>>> {
+    if spec.name != "paged" {
+        return Ok(None);
+    }
+    spec.only(&["bs", "split"])?;
+    let block_size = spec.get("bs", 16usize)?;
+    let split = SplitKv::parse(spec.params.get("split").map_or("off", String::as_str))?;
+    Ok(Some(Box::new(PagedAttention::new(block_size, split)?)))
+}

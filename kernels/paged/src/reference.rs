@@ -1,0 +1,47 @@
+//! The f64 reference for paged decode: gather each sequence's K/V out of the pool with plain
+//! indexing into contiguous tensors and run the attention oracle on them (causal, the new
+//! queries being the last q_len positions). Shares no code with the kernels.
+
+use crate::decode::PagedDecodeShape;
+use crate::pool::{gather, KvPool, PagedBatch};
+use attention_kernels::reference::attention;
+use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_common::error::Result;
+use kernel_common::Buffer;
+
+/// Reference output `[seqs, q_heads, q_len, head_dim]` in f64.
+pub fn paged_reference(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    pool: &KvPool,
+    q: &Buffer,
+) -> Result<Vec<f64>> {
+    shape.validate(&pool.layout, batch)?;
+    let per_seq = shape.q_elems(1);
+    let mut out = Vec::with_capacity(per_seq * batch.len());
+    for (s, (&ctx, table)) in batch
+        .context_lens
+        .iter()
+        .zip(&batch.block_tables)
+        .enumerate()
+    {
+        let (k, v) = gather(pool, table, ctx)?;
+        let one = AttentionShape {
+            batch: 1,
+            q_heads: shape.q_heads,
+            kv_heads: shape.kv_heads,
+            q_len: shape.q_len,
+            kv_len: ctx,
+            head_dim: shape.head_dim,
+            causal: true,
+            scale: shape.scale,
+        };
+        let inputs = AttentionInputs {
+            q: q.slice(s * per_seq, per_seq),
+            k,
+            v,
+        };
+        out.extend(attention(&one, &inputs));
+    }
+    Ok(out)
+}

@@ -1,0 +1,280 @@
+//! Property tests for the paged family: paged decode equals the f64 reference and the
+//! contiguous flash2 kernel for any block size and any permutation of physical blocks, with
+//! sequences of different lengths in one batch; split-KV equals unsplit; a sequence's output
+//! does not depend on its batch neighbours; NaN in unused pool slots never leaks.
+
+use attention_kernels::{kernel_from_spec as attention_kernel, AttentionInputs, AttentionShape};
+use kernel_common::{tolerance, Buffer, DType, ErrorStats, VariantSpec};
+use paged_kernels::reference::paged_reference;
+use paged_kernels::{
+    append, paged_decode, KvPool, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv,
+};
+use proptest::prelude::*;
+use rand::seq::SliceRandom;
+
+/// A batch of sequences with the given context lengths, appended into a poisoned pool of
+/// `spare` extra blocks whose physical ids are shuffled by `seed`.
+struct Case {
+    shape: PagedDecodeShape,
+    pool: KvPool,
+    batch: PagedBatch,
+    q: Buffer,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(
+    lens: &[usize],
+    block_size: usize,
+    kv_heads: usize,
+    group: usize,
+    head_dim: usize,
+    q_len: usize,
+    dtype: DType,
+    spare: usize,
+    seed: u64,
+) -> Case {
+    let per: Vec<usize> = lens.iter().map(|l| l.div_ceil(block_size)).collect();
+    let used: usize = per.iter().sum();
+    let layout = PoolLayout {
+        num_blocks: used + spare,
+        block_size,
+        kv_heads,
+        head_dim,
+    };
+    let mut pool = KvPool::poisoned(layout, dtype).unwrap();
+    let mut rng = kernel_common::inputs::rng(seed);
+    let mut ids: Vec<u32> = (0..layout.num_blocks as u32).collect();
+    ids.shuffle(&mut rng);
+    let mut tables = vec![];
+    let mut next = 0;
+    for (&len, &n) in lens.iter().zip(&per) {
+        let table = ids[next..next + n].to_vec();
+        next += n;
+        // Append in two pieces to exercise appends at an offset.
+        let first = len / 2;
+        for (start, count) in [(0, first), (first, len - first)] {
+            if count == 0 {
+                continue;
+            }
+            let k =
+                kernel_common::inputs::normal_buffer(&mut rng, dtype, kv_heads * count * head_dim);
+            let v =
+                kernel_common::inputs::normal_buffer(&mut rng, dtype, kv_heads * count * head_dim);
+            append(&mut pool, &table, start, &k, &v).unwrap();
+        }
+        tables.push(table);
+    }
+    let shape = PagedDecodeShape {
+        q_heads: kv_heads * group,
+        kv_heads,
+        head_dim,
+        q_len,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    let q = kernel_common::inputs::normal_buffer(&mut rng, dtype, shape.q_elems(lens.len()));
+    Case {
+        shape,
+        pool,
+        batch: PagedBatch {
+            context_lens: lens.to_vec(),
+            block_tables: tables,
+        },
+        q,
+    }
+}
+
+fn decode(c: &Case, split: SplitKv) -> Vec<f32> {
+    let mut out = Buffer::poisoned(c.pool.dtype(), c.q.len());
+    paged_decode(&c.shape, &c.batch, &c.pool, &c.q, &mut out, split).unwrap();
+    out.to_f32()
+}
+
+fn assert_matches_reference(c: &Case, split: SplitKv) -> Result<(), TestCaseError> {
+    let want = paged_reference(&c.shape, &c.batch, &c.pool, &c.q).unwrap();
+    let got = decode(c, split);
+    let stats = ErrorStats::compare(&got, &want);
+    prop_assert!(
+        stats.passes(&tolerance(c.pool.dtype())),
+        "{split:?} {:?}: {stats:?}",
+        c.batch.context_lens
+    );
+    Ok(())
+}
+
+fn block_sizes() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(1usize), Just(16), Just(32), 1usize..=256]
+}
+
+fn dtypes() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)]
+}
+
+fn splits() -> impl Strategy<Value = SplitKv> {
+    prop_oneof![
+        Just(SplitKv::Off),
+        Just(SplitKv::Auto),
+        (1usize..300).prop_map(SplitKv::Tokens)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    fn paged_equals_reference(lens in prop::collection::vec(4usize..700, 1..5), bs in block_sizes(), kv_log in 0usize..3, group in 1usize..5,
+                              head_dim in prop_oneof![Just(64usize), Just(128), 1usize..100], q_len in 1usize..5, dtype in dtypes(),
+                              split in splits(), spare in 0usize..4, seed in any::<u64>()) {
+        let c = case(&lens, bs, 1 << kv_log, group, head_dim, q_len, dtype, spare, seed);
+        assert_matches_reference(&c, split)?;
+    }
+
+    #[test]
+    fn split_equals_unsplit(lens in prop::collection::vec(1usize..2000, 1..4), bs in block_sizes(), part in 1usize..700, seed in any::<u64>()) {
+        let c = case(&lens, bs, 2, 4, 64, 1, DType::F32, 1, seed);
+        let whole = decode(&c, SplitKv::Off);
+        let split = decode(&c, SplitKv::Tokens(part));
+        let stats = ErrorStats::compare(&split, &whole.iter().map(|&x| x as f64).collect::<Vec<_>>());
+        prop_assert!(stats.passes(&tolerance(DType::F32)), "{stats:?}");
+    }
+
+    #[test]
+    fn paged_equals_contiguous_for_any_block_size(kv_len in 1usize..600, batch in 1usize..4, bs in block_sizes(), seed in any::<u64>()) {
+        // Same logical problem through flash2 (contiguous K/V) and paged (shuffled blocks).
+        let shape = AttentionShape::new(batch, 8, 2, 1, kv_len, 64, true);
+        let inputs = AttentionInputs::random(&shape, DType::F32, seed);
+        let run = |spec: &str| {
+            let k = attention_kernel(&VariantSpec::parse(spec).unwrap()).unwrap()
+                .or_else(|| paged_kernels::kernel_from_spec(&VariantSpec::parse(spec).unwrap()).unwrap()).unwrap();
+            let mut out = Buffer::poisoned(DType::F32, shape.q_elems());
+            k.prepare(&shape, &inputs).unwrap().run(&mut out).unwrap();
+            out.to_f32()
+        };
+        let contiguous: Vec<f64> = run("flash2").iter().map(|&x| x as f64).collect();
+        let paged = run(&format!("paged:bs={bs}"));
+        prop_assert!(ErrorStats::compare(&paged, &contiguous).passes(&tolerance(DType::F32)));
+    }
+
+    #[test]
+    fn batch_invariance(lens in prop::collection::vec(1usize..900, 2..5), bs in block_sizes(), split in splits(), seed in any::<u64>()) {
+        // Sequence 0 alone and sequence 0 among neighbours give bit-identical output.
+        let c = case(&lens, bs, 2, 2, 64, 1, DType::F32, 0, seed);
+        let alone = Case {
+            shape: c.shape,
+            pool: c.pool.clone(),
+            batch: PagedBatch { context_lens: vec![lens[0]], block_tables: vec![c.batch.block_tables[0].clone()] },
+            q: c.q.slice(0, c.shape.q_elems(1)),
+        };
+        let batched = decode(&c, split);
+        let single = decode(&alone, split);
+        prop_assert_eq!(&single[..], &batched[..single.len()]);
+    }
+}
+
+#[test]
+fn edge_cases_match_reference() {
+    // Block size 1, odd lengths, kv_heads 1 and = q_heads, every split policy, all dtypes.
+    for (i, (lens, bs, kv_heads, group)) in [
+        (vec![54, 97, 577], 1, 1, 8),
+        (vec![54, 97, 577], 16, 4, 1),
+        (vec![1, 2, 3], 256, 2, 2),
+        (vec![577], 7, 2, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for dtype in DType::ALL {
+            for split in [SplitKv::Off, SplitKv::Auto, SplitKv::Tokens(50)] {
+                let q_len = 1 + i % 3;
+                let c = case(
+                    &lens,
+                    bs,
+                    kv_heads,
+                    group,
+                    128,
+                    q_len.min(lens[0]),
+                    dtype,
+                    3,
+                    i as u64,
+                );
+                assert_matches_reference(&c, split).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn large_pool_ids_beyond_32768_and_poisoned_slots_do_not_leak() {
+    // 40 000 one-token blocks: the sequence lives in blocks with ids >= 32768, every other
+    // slot is NaN, and the output must still be finite and correct.
+    let (bs, head_dim, kv_heads) = (1, 64, 1);
+    let len = 300;
+    let layout = PoolLayout {
+        num_blocks: 40_000,
+        block_size: bs,
+        kv_heads,
+        head_dim,
+    };
+    let mut pool = KvPool::poisoned(layout, DType::F32).unwrap();
+    let table: Vec<u32> = (0..len as u32).map(|i| 39_999 - 7 * i).collect();
+    assert!(table.iter().all(|&b| b >= 32_768));
+    let mut rng = kernel_common::inputs::rng(5);
+    let k = kernel_common::inputs::normal_buffer(&mut rng, DType::F32, len * head_dim);
+    let v = kernel_common::inputs::normal_buffer(&mut rng, DType::F32, len * head_dim);
+    append(&mut pool, &table, 0, &k, &v).unwrap();
+    let shape = PagedDecodeShape {
+        q_heads: 4,
+        kv_heads,
+        head_dim,
+        q_len: 1,
+        scale: 0.125,
+    };
+    let c = Case {
+        shape,
+        q: kernel_common::inputs::normal_buffer(&mut rng, DType::F32, shape.q_elems(1)),
+        pool,
+        batch: PagedBatch {
+            context_lens: vec![len],
+            block_tables: vec![table],
+        },
+    };
+    for split in [SplitKv::Off, SplitKv::Tokens(64)] {
+        let out = decode(&c, split);
+        assert!(out.iter().all(|x| x.is_finite()));
+        assert_matches_reference(&c, split).unwrap();
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let c = case(&[10], 4, 2, 2, 16, 1, DType::F32, 0, 1);
+    let mut out = Buffer::poisoned(DType::F32, c.q.len());
+    let mut bad_batch = c.batch.clone();
+    bad_batch.block_tables[0][1] = 99;
+    let err =
+        paged_decode(&c.shape, &bad_batch, &c.pool, &c.q, &mut out, SplitKv::Off).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("block table entry 99 out of range"),
+        "{err}"
+    );
+    let long_q = PagedDecodeShape {
+        q_len: 17,
+        ..c.shape
+    };
+    assert!(paged_decode(&long_q, &c.batch, &c.pool, &c.q, &mut out, SplitKv::Off).is_err());
+    let bad_heads = PagedDecodeShape {
+        kv_heads: 3,
+        ..c.shape
+    };
+    assert!(paged_decode(&bad_heads, &c.batch, &c.pool, &c.q, &mut out, SplitKv::Off).is_err());
+    let mut short_out = Buffer::poisoned(DType::F32, 3);
+    assert!(paged_decode(
+        &c.shape,
+        &c.batch,
+        &c.pool,
+        &c.q,
+        &mut short_out,
+        SplitKv::Off
+    )
+    .is_err());
+}
