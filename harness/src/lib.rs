@@ -1,1 +1,55 @@
+//! The workbench harness as a library: experiment specs, the variant registry, correctness
+//! checks, timing, the roofline, result files and reports. `main.rs` is only the CLI.
 
+/// Counting global allocator (peak scratch memory of a call).
+pub mod alloc;
+/// `harness check`: every variant against the f64 reference on random and edge cases.
+pub mod check;
+/// The harness error type (one line, exit 2).
+pub mod error;
+/// `harness exp`: grid runner streaming rows to CSV.
+pub mod exp;
+/// Host, CPU, git and rustc facts for provenance.
+pub mod machine;
+/// Warm-up, cache flushing, repetitions and percentiles.
+pub mod measure;
+/// CSV rows and JSON provenance.
+pub mod output;
+/// Variant lookup by spec string across the family's crates.
+pub mod registry;
+/// Markdown tables and SVG plots from a run's CSV.
+pub mod render;
+/// Read bandwidth and FMA peak of this machine.
+pub mod roofline;
+/// Experiment specs (TOML) and grid expansion.
+pub mod spec;
+
+use error::{HarnessError, Result};
+use kernel_common::{probe_cuda, Device};
+
+#[global_allocator]
+static GLOBAL: alloc::CountingAlloc = alloc::CountingAlloc;
+
+/// How a command prints its result on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// Fails with one line unless `device` is usable: the CPU always is; CUDA needs a driver, a
+/// device, and at least one variant with a CUDA implementation.
+pub fn require_device(
+    device: Device,
+    mut supports: impl Iterator<Item = kernel_common::error::Result<()>>,
+) -> Result<()> {
+    if let Device::Cuda(n) = device {
+        probe_cuda(n)?;
+        if !supports.any(|s| s.is_ok()) {
+            return Err(HarnessError::Usage(format!(
+                "{device} is present but no variant asked for has a CUDA implementation yet; use --device cpu"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,1 +1,225 @@
-fn main() {}
+//! The `harness` command line: list, check, exp, roofline, render. Every error is one line on
+//! stderr and exit code 2; a check or experiment with a wrong answer exits 1.
+
+use clap::{Args, Parser, Subcommand};
+use harness::error::{HarnessError, Result};
+use harness::{check, exp, machine, registry, render, roofline, spec::ExperimentSpec, Format};
+use kernel_common::{DType, Device};
+use std::path::PathBuf;
+
+/// Kernel-research workbench for LLM inference: correctness against an f64 reference,
+/// measurement against this machine's roofline, results with provenance.
+#[derive(Parser)]
+#[command(name = "harness", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Folder of experiment specs (<name>.toml).
+    #[arg(long, global = true, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../experiments"))]
+    experiments_dir: PathBuf,
+    /// Folder results are written under.
+    #[arg(long, global = true, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../results"))]
+    results_dir: PathBuf,
+}
+
+#[derive(Args)]
+struct Common {
+    /// Where kernels run: cpu, cuda or cuda:N (cuda needs a driver and a GPU).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Worker threads (default: all logical cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seed of every random input (rows record their own derived seed).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Output on stdout.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List kernel families, variants and experiments.
+    List,
+    /// Check every variant against the f64 reference on random shapes and edge cases;
+    /// writes results/check/<run-id>.csv, exits 1 on any failure.
+    Check {
+        /// Family to check (attention, paged); default all.
+        #[arg(long)]
+        family: Vec<String>,
+        /// Random cases per family (edge cases are always added).
+        #[arg(long, default_value_t = 12)]
+        cases: usize,
+        /// Storage dtypes to check (f32, f16, bf16); default all.
+        #[arg(long)]
+        dtype: Vec<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Run an experiment spec: every variant at every grid point, checked and timed; rows
+    /// stream to results/<exp>/<run-id>.csv with .json provenance, .md table and .svg plot.
+    Exp {
+        /// Experiment name (experiments/<name>.toml) or a path to a .toml spec.
+        name: String,
+        /// Replace a grid key's values, e.g. --set kv_len=512,4096 (repeatable).
+        #[arg(long = "set", value_name = "KEY=V1,V2")]
+        sets: Vec<String>,
+        /// Run these variants instead of the spec's (repeatable), e.g. --variant flash2:br=64.
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// Use the spec's [quick] grid: smaller, for a first look in about a minute.
+        #[arg(long)]
+        quick: bool,
+        /// Timed repetitions per point (after one untimed warm-up); default from the spec or 5.
+        #[arg(long)]
+        reps: Option<usize>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Measure this machine's read bandwidth and f32 FMA peak and store them in
+    /// results/roofline/<machine>-<threads>t.json (experiments use the stored numbers).
+    Roofline {
+        /// Worker threads (default: all logical cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Where to measure: cpu (cuda rooflines come with the CUDA backend).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Regenerate the .md and .svg of a run from its CSV and JSON.
+    Render {
+        /// results/<exp>/<run-id>.csv
+        csv: PathBuf,
+    },
+}
+
+fn set_threads(threads: Option<usize>) -> Result<()> {
+    let n = threads.unwrap_or_else(machine::logical_cores);
+    if n == 0 {
+        return Err(HarnessError::Usage("--threads must be at least 1".into()));
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| HarnessError::Usage(format!("cannot start {n} threads: {e}")))
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::List => {
+            println!("Families and variants (use as --variant NAME[:key=value,...]):");
+            for (family, name, about) in registry::all_variants() {
+                println!("  {family:<10} {name:<10} {about}");
+            }
+            println!("\nExperiments (harness exp NAME):");
+            for spec in ExperimentSpec::list(&cli.experiments_dir)? {
+                println!(
+                    "  {:<18} [{}] {}",
+                    spec.name,
+                    spec.claims.join(" "),
+                    spec.question.trim().lines().next().unwrap_or("")
+                );
+            }
+            println!("\nGrid keys for --set:");
+            for (k, about) in harness::spec::GRID_KEYS {
+                println!("  {k:<11} {about}");
+            }
+            Ok(0)
+        }
+        Command::Check {
+            family,
+            cases,
+            dtype,
+            common,
+        } => {
+            let device = Device::parse(&common.device)?;
+            set_threads(common.threads)?;
+            let families = if family.is_empty() {
+                registry::FAMILIES.iter().map(|s| s.to_string()).collect()
+            } else {
+                family
+            };
+            let dtypes = if dtype.is_empty() {
+                DType::ALL.to_vec()
+            } else {
+                dtype
+                    .iter()
+                    .map(|d| DType::parse(d))
+                    .collect::<kernel_common::error::Result<_>>()?
+            };
+            check::run(&check::CheckOptions {
+                families,
+                device,
+                cases,
+                seed: common.seed,
+                dtypes,
+                format: common.format,
+                results_dir: cli.results_dir,
+            })
+        }
+        Command::Exp {
+            name,
+            sets,
+            variants,
+            quick,
+            reps,
+            common,
+        } => {
+            let device = Device::parse(&common.device)?;
+            set_threads(common.threads)?;
+            exp::run(&exp::ExpOptions {
+                name,
+                sets,
+                variants,
+                quick,
+                device,
+                reps,
+                seed: common.seed,
+                format: common.format,
+                experiments_dir: cli.experiments_dir,
+                results_dir: cli.results_dir,
+            })
+        }
+        Command::Roofline { threads, device } => {
+            let device = Device::parse(&device)?;
+            if device != Device::Cpu {
+                kernel_common::probe_cuda(match device {
+                    Device::Cuda(n) => n,
+                    Device::Cpu => 0,
+                })?;
+                return Err(HarnessError::Usage(
+                    "the CUDA roofline comes with the CUDA backend; use --device cpu".into(),
+                ));
+            }
+            set_threads(threads)?;
+            let roof = roofline::measure();
+            let path = roofline::store(&cli.results_dir, &roof)?;
+            println!(
+                "{}: read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({}), {} threads -> {}",
+                roof.cpu_model,
+                roof.read_gbps,
+                roof.fma_gflops,
+                roof.fma_isa,
+                roof.threads,
+                path.display()
+            );
+            Ok(0)
+        }
+        Command::Render { csv } => {
+            println!("{}", render::rerender(&csv, &cli.experiments_dir)?);
+            Ok(0)
+        }
+    }
+}
+
+fn main() {
+    let code = match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

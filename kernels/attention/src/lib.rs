@@ -24,13 +24,14 @@ pub struct AttentionInputs {
 }
 
 impl AttentionInputs {
-    /// Seeded standard-normal inputs for `shape` in `dtype`.
+    /// Seeded standard-normal inputs for `shape` in `dtype` (generated in parallel; the
+    /// values depend on the seed only).
     pub fn random(shape: &AttentionShape, dtype: DType, seed: u64) -> AttentionInputs {
-        let mut rng = kernel_common::inputs::rng(seed);
+        use kernel_common::inputs::{derive_seed, normal_buffer_par};
         AttentionInputs {
-            q: kernel_common::inputs::normal_buffer(&mut rng, dtype, shape.q_elems()),
-            k: kernel_common::inputs::normal_buffer(&mut rng, dtype, shape.kv_elems()),
-            v: kernel_common::inputs::normal_buffer(&mut rng, dtype, shape.kv_elems()),
+            q: normal_buffer_par(derive_seed(seed, 1), dtype, shape.q_elems()),
+            k: normal_buffer_par(derive_seed(seed, 2), dtype, shape.kv_elems()),
+            v: normal_buffer_par(derive_seed(seed, 3), dtype, shape.kv_elems()),
         }
     }
 
@@ -82,6 +83,11 @@ pub trait AttentionKernel: Send + Sync {
     fn supports(&self, shape: &AttentionShape, dtype: DType, device: Device) -> Result<()>;
     /// Minimum bytes moved and FLOPs of one call.
     fn cost(&self, shape: &AttentionShape, dtype: DType) -> Cost;
+    /// Heap scratch the variant allocates during one call with `threads` threads (a model,
+    /// used to skip cases that would not fit; the harness also measures the real peak).
+    fn workspace_bytes(&self, _shape: &AttentionShape, _threads: usize) -> u64 {
+        0
+    }
     /// Untimed set-up on `inputs`; the returned object runs the timed part.
     fn prepare<'a>(
         &'a self,

@@ -58,7 +58,7 @@ impl AttentionShape {
                 return bad(format!("{name} must be > 0"));
             }
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "kv_heads ({}) must divide q_heads ({})",
                 self.kv_heads, self.q_heads

@@ -22,6 +22,26 @@ pub fn normal_buffer(rng: &mut StdRng, dtype: DType, len: usize) -> Buffer {
     Buffer::from_f32(dtype, &normal_f32(rng, len, 1.0))
 }
 
+/// Elements per independently seeded chunk of `normal_buffer_par`.
+const PAR_CHUNK: usize = 1 << 16;
+
+/// Like `normal_buffer` but generated in parallel: chunk c of 65536 values comes from
+/// `derive_seed(seed, c)`, so the result depends on the seed alone, not on the thread count.
+pub fn normal_buffer_par(seed: u64, dtype: DType, len: usize) -> Buffer {
+    use rayon::prelude::*;
+    let mut values = vec![0.0f32; len];
+    values
+        .par_chunks_mut(PAR_CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut r = rng(derive_seed(seed, c as u64));
+            for x in chunk.iter_mut() {
+                *x = r.sample::<f32, _>(StandardNormal);
+            }
+        });
+    Buffer::from_f32(dtype, &values)
+}
+
 /// Mixes a base seed with a case index into an independent seed (SplitMix64 finaliser).
 pub fn derive_seed(seed: u64, index: u64) -> u64 {
     let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -42,5 +62,9 @@ mod tests {
         assert!(a.iter().all(|x| *x != 0.0 && x.is_finite()));
         assert_ne!(a, normal_f32(&mut rng(8), 1000, 1.0));
         assert_ne!(derive_seed(1, 2), derive_seed(1, 3));
+        let p = normal_buffer_par(3, DType::F32, 200_000).to_f32();
+        assert_eq!(p, normal_buffer_par(3, DType::F32, 200_000).to_f32());
+        assert!(p.iter().all(|x| *x != 0.0));
+        assert_ne!(p[..100], p[PAR_CHUNK..PAR_CHUNK + 100]);
     }
 }

@@ -14,6 +14,8 @@ pub mod error;
 pub mod inputs;
 /// Error metrics against an f64 reference and the per-dtype tolerance table.
 pub mod metrics;
+/// Row-blocked decode products (q_r·k, o_r += p·v) with explicit AVX2 or portable loops.
+pub mod rows;
 /// Vectorised f32 primitives (dot, axpy, scale) with AVX2/FMA chosen at run time.
 pub mod simd;
 /// Variant specs `name:key=value,...` as the CLI and experiment files write them.

@@ -2,6 +2,7 @@
 //! arrays so LLVM emits packed FMAs when they are inlined into a function compiled with
 //! `#[target_feature(enable = "avx2,fma")]`. Kernels pick that version at run time with
 //! `avx2_fma_available()` (no build flag, so the binary still runs on any x86-64 or ARM CPU).
+//! The row-blocked products of decode attention live in `rows` with explicit AVX2 intrinsics.
 
 /// Lanes per accumulator block: two AVX2 registers of 8 f32.
 pub const LANES: usize = 16;
@@ -17,6 +18,26 @@ pub fn avx2_fma_available() -> bool {
     {
         false
     }
+}
+
+/// Asks the CPU to bring every cache line of `x` into L2 (a hint; no effect elsewhere
+/// than x86-64). Used to fetch the next paged block while the current one is computed on.
+#[inline(always)]
+pub fn prefetch<T>(x: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let bytes = std::mem::size_of_val(x);
+        let base = x.as_ptr() as *const i8;
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: prefetch never faults; the address is inside `x`.
+            unsafe { _mm_prefetch(base.add(off), _MM_HINT_T1) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
 }
 
 /// Σ a[i]·b[i] over the common length.

@@ -8,13 +8,14 @@
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use attention_kernels::cpu::gemm::widen;
 use kernel_common::error::Result;
+use kernel_common::rows::{Avx2, Portable, RowKernels};
 use kernel_common::{simd, Buffer, Element, KernelError};
 use rayon::prelude::*;
 
 /// Most new query tokens per sequence the decode kernel takes (speculative verification).
 pub const MAX_Q_LEN: usize = 16;
 /// Keys scored per online-softmax step.
-const CHUNK: usize = 64;
+const CHUNK: usize = 128;
 /// Shortest partition `SplitKv::Auto` makes.
 const AUTO_MIN_PARTITION: usize = 512;
 
@@ -34,7 +35,7 @@ impl PagedDecodeShape {
     pub fn validate(&self, layout: &PoolLayout, batch: &PagedBatch) -> Result<()> {
         let bad = |m: String| Err(KernelError::InvalidShape(m));
         layout.validate()?;
-        if self.kv_heads == 0 || self.q_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || self.q_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "kv_heads ({}) must divide q_heads ({}), both > 0",
                 self.kv_heads, self.q_heads
@@ -142,31 +143,36 @@ struct TaskView<'a, T> {
     horizon: &'a [usize],
 }
 
-/// Walks positions `c0..c1` block by block, handing `f` (position, contiguous rows of `pool`).
+/// Positions `c0..c1` cut at block boundaries: (first position, element range in the pool).
+/// An iterator rather than a callback so the float loops that consume it stay inside the
+/// caller's `#[target_feature]` function (a closure would be compiled without AVX2/FMA).
 #[inline(always)]
-fn for_each_run<T: Element>(
-    view: &TaskView<'_, T>,
-    pool: &[T],
+fn runs<'v, T>(
+    view: &'v TaskView<'_, T>,
     c0: usize,
     c1: usize,
-    mut f: impl FnMut(usize, &[T]),
-) {
+) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'v {
     let (bs, d) = (view.layout.block_size, view.layout.head_dim);
     let mut pos = c0;
-    while pos < c1 {
+    std::iter::from_fn(move || {
+        if pos >= c1 {
+            return None;
+        }
         let off = pos % bs;
         let run = (bs - off).min(c1 - pos);
         let base = view
             .layout
             .offset(view.table[pos / bs] as usize, view.kv_head, off);
-        f(pos, &pool[base..base + run * d]);
+        let item = (pos, base..base + run * d);
         pos += run;
-    }
+        Some(item)
+    })
 }
 
 /// Online-softmax attention of the task's rows (`q`, pre-scaled) over positions `t0..t1`.
 #[inline(always)]
-fn attend_range<T: Element>(
+fn attend_range<T: Element, K: RowKernels>(
+    kern: K,
     view: &TaskView<'_, T>,
     q: &[f32],
     t0: usize,
@@ -181,14 +187,29 @@ fn attend_range<T: Element>(
     while c0 < t1 {
         let c1 = (c0 + CHUNK).min(t1);
         let n = c1 - c0;
-        for_each_run(view, view.k, c0, c1, |pos, run| {
-            let kb = widen(run, &mut scratch);
+        // The block table scatters a sequence over memory: fetch the next chunk's K and V
+        // blocks while this one is computed on, since the hardware prefetcher cannot.
+        for (_, range) in runs(view, c1, (c1 + CHUNK).min(t1)) {
+            simd::prefetch(&view.k[range.clone()]);
+            simd::prefetch(&view.v[range]);
+        }
+        for (pos, range) in runs(view, c0, c1) {
+            let kb = widen(&view.k[range], &mut scratch);
             for (t, kt) in kb.chunks_exact(d).enumerate() {
-                for (r, qr) in q.chunks_exact(d).enumerate() {
-                    s[r * CHUNK + pos - c0 + t] = simd::dot(qr, kt);
+                let col = pos - c0 + t;
+                let mut r = 0;
+                while r + 4 <= rows {
+                    let dots = kern.dot_rows::<4>(&q[r * d..], d, kt);
+                    for (i, x) in dots.into_iter().enumerate() {
+                        s[(r + i) * CHUNK + col] = x;
+                    }
+                    r += 4;
+                }
+                for r in r..rows {
+                    s[r * CHUNK + col] = kern.dot_rows::<1>(&q[r * d..], d, kt)[0];
                 }
             }
-        });
+        }
         for r in 0..rows {
             let srow = &mut s[r * CHUNK..r * CHUNK + n];
             let visible = (view.horizon[r] + 1).saturating_sub(c0).min(n);
@@ -205,17 +226,32 @@ fn attend_range<T: Element>(
             }
             acc.m[r] = m_new;
         }
-        for_each_run(view, view.v, c0, c1, |pos, run| {
-            let vb = widen(run, &mut scratch);
-            for (t, vt) in vb.chunks_exact(d).enumerate() {
-                for (r, or) in acc.o.chunks_exact_mut(d).enumerate() {
-                    let p = s[r * CHUNK + pos - c0 + t];
-                    if p != 0.0 {
-                        simd::axpy(p, vt, or);
-                    }
-                }
+        for (pos, range) in runs(view, c0, c1) {
+            let vb = widen(&view.v[range], &mut scratch);
+            let (col, len) = (pos - c0, vb.len() / d);
+            let mut r = 0;
+            while r + 4 <= rows {
+                kern.accumulate_rows::<4>(
+                    &mut acc.o[r * d..],
+                    d,
+                    &s[r * CHUNK + col..],
+                    CHUNK,
+                    vb,
+                    len,
+                );
+                r += 4;
             }
-        });
+            for r in r..rows {
+                kern.accumulate_rows::<1>(
+                    &mut acc.o[r * d..],
+                    d,
+                    &s[r * CHUNK + col..],
+                    CHUNK,
+                    vb,
+                    len,
+                );
+            }
+        }
         c0 = c1;
     }
 }
@@ -223,13 +259,14 @@ fn attend_range<T: Element>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn attend_range_avx2<T: Element>(
+    kern: Avx2,
     view: &TaskView<'_, T>,
     q: &[f32],
     t0: usize,
     t1: usize,
     acc: &mut Acc,
 ) {
-    attend_range(view, q, t0, t1, acc)
+    attend_range(kern, view, q, t0, t1, acc)
 }
 
 /// Runs one partition of one task and returns its state.
@@ -241,12 +278,12 @@ fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize
         l: vec![0.0; rows],
     };
     #[cfg(target_arch = "x86_64")]
-    if simd::avx2_fma_available() {
-        // SAFETY: AVX2 and FMA were detected on this CPU.
-        unsafe { attend_range_avx2(view, q, t0, t1, &mut acc) };
+    if let Some(kern) = Avx2::detect() {
+        // SAFETY: the token proves AVX2 and FMA were detected on this CPU.
+        unsafe { attend_range_avx2(kern, view, q, t0, t1, &mut acc) };
         return acc;
     }
-    attend_range(view, q, t0, t1, &mut acc);
+    attend_range(Portable, view, q, t0, t1, &mut acc);
     acc
 }
 

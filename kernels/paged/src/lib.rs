@@ -5,6 +5,8 @@
 
 /// The paged variants as `AttentionKernel`s, so experiments compare them with contiguous ones.
 pub mod adapter;
+/// Seeded random paged problems for tests, checks and benches.
+pub mod cases;
 /// Paged decode attention: one pass, or split-KV with a log-sum-exp reduction.
 pub mod decode;
 /// The KV block pool, block tables, the append kernel and the gather used by the reference.
@@ -13,6 +15,7 @@ pub mod pool;
 pub mod reference;
 
 pub use adapter::PagedAttention;
+pub use cases::{PagedCase, PagedCaseSpec};
 pub use decode::{paged_decode, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 pub use pool::{append, KvPool, PagedBatch, PoolLayout, MAX_BLOCK_SIZE};
 

@@ -181,7 +181,7 @@ pub fn append(
 ) -> Result<()> {
     let layout = pool.layout;
     let per_token = layout.kv_heads * layout.head_dim;
-    if k_new.len() % per_token != 0 {
+    if !k_new.len().is_multiple_of(per_token) {
         return Err(KernelError::BadBuffer(format!(
             "k_new has {} elements, not a multiple of kv_heads·head_dim = {per_token}",
             k_new.len()

@@ -5,21 +5,11 @@
 
 use attention_kernels::{kernel_from_spec as attention_kernel, AttentionInputs, AttentionShape};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats, VariantSpec};
-use paged_kernels::reference::paged_reference;
 use paged_kernels::{
-    append, paged_decode, KvPool, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv,
+    append, paged_decode, KvPool, PagedBatch, PagedCase, PagedCaseSpec, PagedDecodeShape,
+    PoolLayout, SplitKv,
 };
 use proptest::prelude::*;
-use rand::seq::SliceRandom;
-
-/// A batch of sequences with the given context lengths, appended into a poisoned pool of
-/// `spare` extra blocks whose physical ids are shuffled by `seed`.
-struct Case {
-    shape: PagedDecodeShape,
-    pool: KvPool,
-    batch: PagedBatch,
-    q: Buffer,
-}
 
 #[allow(clippy::too_many_arguments)]
 fn case(
@@ -32,65 +22,28 @@ fn case(
     dtype: DType,
     spare: usize,
     seed: u64,
-) -> Case {
-    let per: Vec<usize> = lens.iter().map(|l| l.div_ceil(block_size)).collect();
-    let used: usize = per.iter().sum();
-    let layout = PoolLayout {
-        num_blocks: used + spare,
+) -> PagedCase {
+    PagedCaseSpec {
+        context_lens: lens.to_vec(),
         block_size,
         kv_heads,
-        head_dim,
-    };
-    let mut pool = KvPool::poisoned(layout, dtype).unwrap();
-    let mut rng = kernel_common::inputs::rng(seed);
-    let mut ids: Vec<u32> = (0..layout.num_blocks as u32).collect();
-    ids.shuffle(&mut rng);
-    let mut tables = vec![];
-    let mut next = 0;
-    for (&len, &n) in lens.iter().zip(&per) {
-        let table = ids[next..next + n].to_vec();
-        next += n;
-        // Append in two pieces to exercise appends at an offset.
-        let first = len / 2;
-        for (start, count) in [(0, first), (first, len - first)] {
-            if count == 0 {
-                continue;
-            }
-            let k =
-                kernel_common::inputs::normal_buffer(&mut rng, dtype, kv_heads * count * head_dim);
-            let v =
-                kernel_common::inputs::normal_buffer(&mut rng, dtype, kv_heads * count * head_dim);
-            append(&mut pool, &table, start, &k, &v).unwrap();
-        }
-        tables.push(table);
-    }
-    let shape = PagedDecodeShape {
-        q_heads: kv_heads * group,
-        kv_heads,
+        group,
         head_dim,
         q_len,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-    };
-    let q = kernel_common::inputs::normal_buffer(&mut rng, dtype, shape.q_elems(lens.len()));
-    Case {
-        shape,
-        pool,
-        batch: PagedBatch {
-            context_lens: lens.to_vec(),
-            block_tables: tables,
-        },
-        q,
+        dtype,
+        spare_blocks: spare,
+        seed,
     }
+    .build()
+    .unwrap()
 }
 
-fn decode(c: &Case, split: SplitKv) -> Vec<f32> {
-    let mut out = Buffer::poisoned(c.pool.dtype(), c.q.len());
-    paged_decode(&c.shape, &c.batch, &c.pool, &c.q, &mut out, split).unwrap();
-    out.to_f32()
+fn decode(c: &PagedCase, split: SplitKv) -> Vec<f32> {
+    c.decode(split).unwrap()
 }
 
-fn assert_matches_reference(c: &Case, split: SplitKv) -> Result<(), TestCaseError> {
-    let want = paged_reference(&c.shape, &c.batch, &c.pool, &c.q).unwrap();
+fn assert_matches_reference(c: &PagedCase, split: SplitKv) -> Result<(), TestCaseError> {
+    let want = c.reference().unwrap();
     let got = decode(c, split);
     let stats = ErrorStats::compare(&got, &want);
     prop_assert!(
@@ -158,7 +111,7 @@ proptest! {
     fn batch_invariance(lens in prop::collection::vec(1usize..900, 2..5), bs in block_sizes(), split in splits(), seed in any::<u64>()) {
         // Sequence 0 alone and sequence 0 among neighbours give bit-identical output.
         let c = case(&lens, bs, 2, 2, 64, 1, DType::F32, 0, seed);
-        let alone = Case {
+        let alone = PagedCase {
             shape: c.shape,
             pool: c.pool.clone(),
             batch: PagedBatch { context_lens: vec![lens[0]], block_tables: vec![c.batch.block_tables[0].clone()] },
@@ -228,7 +181,7 @@ fn large_pool_ids_beyond_32768_and_poisoned_slots_do_not_leak() {
         q_len: 1,
         scale: 0.125,
     };
-    let c = Case {
+    let c = PagedCase {
         shape,
         q: kernel_common::inputs::normal_buffer(&mut rng, DType::F32, shape.q_elems(1)),
         pool,

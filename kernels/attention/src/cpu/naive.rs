@@ -121,6 +121,11 @@ impl AttentionKernel for Naive {
             flops: io.flops,
         }
     }
+    /// One score matrix and one f32 output per running head.
+    fn workspace_bytes(&self, shape: &AttentionShape, threads: usize) -> u64 {
+        let running = threads.min(shape.batch * shape.q_heads) as u64;
+        running * (Naive::scores_bytes(shape) + (shape.q_len * shape.head_dim * 4) as u64)
+    }
     fn prepare<'a>(
         &'a self,
         shape: &AttentionShape,

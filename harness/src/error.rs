@@ -1,0 +1,44 @@
+//! The harness's error type: every variant becomes one line on stderr and exit code 2.
+
+use kernel_common::KernelError;
+use thiserror::Error;
+
+/// What stops a harness command before or while it runs.
+#[derive(Debug, Error)]
+pub enum HarnessError {
+    /// Bad flags, unknown experiment, bad spec or `--set` value.
+    #[error("{0}")]
+    Usage(String),
+    /// A kernel refused the case (shape, device, buffer).
+    #[error("{0}")]
+    Kernel(#[from] KernelError),
+    /// Reading or writing results failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}
+
+impl HarnessError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
+        let context = context.into();
+        move |source| HarnessError::Io { context, source }
+    }
+}
+
+impl From<csv::Error> for HarnessError {
+    fn from(e: csv::Error) -> HarnessError {
+        HarnessError::Usage(format!("csv: {e}"))
+    }
+}
+
+impl From<serde_json::Error> for HarnessError {
+    fn from(e: serde_json::Error) -> HarnessError {
+        HarnessError::Usage(format!("json: {e}"))
+    }
+}
+
+/// Shorthand for harness results.
+pub type Result<T> = std::result::Result<T, HarnessError>;

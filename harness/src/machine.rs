@@ -1,0 +1,108 @@
+//! Facts about this machine and this checkout for run provenance: CPU model, cores, host,
+//! git sha and dirty flag, rustc, UTC timestamps and run ids.
+
+use std::process::Command;
+use std::time::SystemTime;
+
+/// The CPU model from /proc/cpuinfo (or the architecture where that is absent).
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Logical cores available to this process.
+pub fn logical_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Host name.
+pub fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// A file-name-safe key for this kind of machine: CPU model and core count
+/// (hosts are ephemeral here; the hardware is what a roofline belongs to).
+pub fn machine_key() -> String {
+    let mut slug = String::new();
+    for c in cpu_model().to_lowercase().chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c);
+        } else if !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    format!("{}-{}c", slug.trim_matches('-'), logical_cores())
+}
+
+/// (sha, dirty) of the git checkout in the working directory, or ("unknown", false).
+pub fn git_state() -> (String, bool) {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match run(&["rev-parse", "HEAD"]) {
+        Some(sha) => {
+            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            (sha, dirty)
+        }
+        None => ("unknown".into(), false),
+    }
+}
+
+/// The rustc that built this binary.
+pub fn rustc() -> &'static str {
+    env!("HARNESS_RUSTC")
+}
+
+/// Now as RFC 3339 UTC with seconds.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+/// A run id from the current UTC time, `20261129T221502Z`, plus a suffix when given.
+pub fn run_id(suffix: &str) -> String {
+    let t: String = now_rfc3339()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
+    if suffix.is_empty() {
+        t
+    } else {
+        format!("{t}-{suffix}")
+    }
+}
+
+/// The full command line as typed.
+pub fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_keys_are_file_safe() {
+        let id = run_id("quick");
+        assert!(id.ends_with("-quick") && id.starts_with('2') && id.contains('T'));
+        assert!(machine_key()
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert!(logical_cores() >= 1);
+        assert!(rustc().starts_with("rustc"));
+    }
+}

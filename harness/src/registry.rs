@@ -1,0 +1,38 @@
+//! The variant registry: resolves a variant spec string to a kernel of any crate of the
+//! attention family (attention: reference, naive, flash2; paged: paged), and lists them.
+
+use crate::error::{HarnessError, Result};
+use attention_kernels::AttentionKernel;
+use kernel_common::VariantSpec;
+
+/// Families `harness check --family` knows.
+pub const FAMILIES: &[&str] = &["attention", "paged"];
+
+/// The kernel for `spec` (`flash2:br=64`, `paged:bs=16,split=auto`, ...).
+pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
+    let parsed = VariantSpec::parse(spec)?;
+    if let Some(k) = attention_kernels::kernel_from_spec(&parsed)? {
+        return Ok(k);
+    }
+    if let Some(k) = paged_kernels::kernel_from_spec(&parsed)? {
+        return Ok(k);
+    }
+    let known: Vec<&str> = all_variants().iter().map(|(_, n, _)| *n).collect();
+    Err(HarnessError::Usage(format!(
+        "unknown variant '{}' (known: {})",
+        parsed.name,
+        known.join(", ")
+    )))
+}
+
+/// (crate, name, description) of every variant.
+pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
+    let mut out = vec![];
+    for (n, d) in attention_kernels::VARIANTS {
+        out.push(("attention", *n, *d));
+    }
+    for (n, d) in paged_kernels::VARIANTS {
+        out.push(("paged", *n, *d));
+    }
+    out
+}
