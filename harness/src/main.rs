@@ -213,8 +213,36 @@ fn run(cli: Cli) -> Result<i32> {
     }
 }
 
+/// Parses the command line; a usage error becomes one line (clap's first) and exit 2.
+fn parse() -> Cli {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or("bad command line")
+                .trim_start_matches("error: ");
+            eprintln!("error: {first} (see harness --help)");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
-    let code = match run(Cli::parse()) {
+    let code = match run(parse()) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");

@@ -1,8 +1,8 @@
 //! Row-blocked products for decode attention, where several query rows share each K/V row:
 //! `dot_rows` (R scores q_r·k with k loaded once) and `accumulate_rows` (o_r += Σ_t p_rt·v_t
 //! with R×16 accumulators held in registers while V streams from L1). Two implementations
-//! behind the `RowKernels` trait: explicit AVX2/FMA intrinsics, and portable loops; a kernel
-//! is written once, generic over the trait, and gets the AVX2 token only after detection.
+//! behind the `RowKernels` trait: explicit AVX-512 or AVX2/FMA intrinsics, and portable loops;
+//! a kernel is written once, generic over the trait, and gets a token only after detection.
 
 /// R-row products used by decode attention.
 pub trait RowKernels: Copy + Send + Sync {
@@ -82,6 +82,95 @@ impl Avx2 {
     }
 }
 
+/// AVX-512F intrinsics (16-lane registers); only `Avx512::detect` makes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512 {
+    _detected: (),
+}
+
+impl Avx512 {
+    /// The token, when this CPU has AVX-512F (and AVX2/FMA for the scalar tails).
+    pub fn detect() -> Option<Avx512> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") && crate::simd::avx2_fma_available() {
+            return Some(Avx512 { _detected: () });
+        }
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86_512 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// `q` holds R·d floats and `k` holds d floats.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn dot_rows<const R: usize>(q: *const f32, d: usize, k: *const f32) -> [f32; R] {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut i = 0;
+        while i + 16 <= d {
+            let kv = _mm512_loadu_ps(k.add(i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(r * d + i)), kv, *a);
+            }
+            i += 16;
+        }
+        let mut out = [0.0f32; R];
+        for (r, o) in out.iter_mut().enumerate() {
+            let mut s = _mm512_reduce_add_ps(acc[r]);
+            for j in i..d {
+                s = (*q.add(r * d + j)).mul_add(*k.add(j), s);
+            }
+            *o = s;
+        }
+        out
+    }
+
+    /// # Safety
+    /// `o` holds R·d floats, `v` n·d, `p` (R−1)·p_stride + n.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn accumulate_rows<const R: usize>(
+        o: *mut f32,
+        d: usize,
+        p: *const f32,
+        p_stride: usize,
+        v: *const f32,
+        n: usize,
+    ) {
+        let mut c = 0;
+        while c + 32 <= d {
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            for (r, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm512_loadu_ps(o.add(r * d + c));
+                a[1] = _mm512_loadu_ps(o.add(r * d + c + 16));
+            }
+            for t in 0..n {
+                let (v0, v1) = (
+                    _mm512_loadu_ps(v.add(t * d + c)),
+                    _mm512_loadu_ps(v.add(t * d + c + 16)),
+                );
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let pr = _mm512_set1_ps(*p.add(r * p_stride + t));
+                    a[0] = _mm512_fmadd_ps(pr, v0, a[0]);
+                    a[1] = _mm512_fmadd_ps(pr, v1, a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(o.add(r * d + c), a[0]);
+                _mm512_storeu_ps(o.add(r * d + c + 16), a[1]);
+            }
+            c += 32;
+        }
+        if c < d {
+            // The last d mod 32 columns through the AVX2 path, on shifted views.
+            super::x86::accumulate_rows::<R>(o.add(c), d, p, p_stride, v.add(c), n, d - c);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -132,6 +221,7 @@ mod x86 {
     /// `o` holds R·d floats, `v` n·d, `p` (R−1)·p_stride + n.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
+    /// Only the first `cols` columns of each row are updated (rows are still `d` apart).
     pub unsafe fn accumulate_rows<const R: usize>(
         o: *mut f32,
         d: usize,
@@ -139,9 +229,10 @@ mod x86 {
         p_stride: usize,
         v: *const f32,
         n: usize,
+        cols: usize,
     ) {
         let mut c = 0;
-        while c + 16 <= d {
+        while c + 16 <= cols {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             for (r, a) in acc.iter_mut().enumerate() {
                 a[0] = _mm256_loadu_ps(o.add(r * d + c));
@@ -165,7 +256,7 @@ mod x86 {
             c += 16;
         }
         for r in 0..R {
-            for j in c..d {
+            for j in c..cols {
                 let mut x = *o.add(r * d + j);
                 for t in 0..n {
                     x = (*p.add(r * p_stride + t)).mul_add(*v.add(t * d + j), x);
@@ -201,7 +292,39 @@ impl RowKernels for Avx2 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: lengths checked above; the token exists only when AVX2/FMA were detected.
         return unsafe {
-            x86::accumulate_rows::<R>(o.as_mut_ptr(), d, p.as_ptr(), p_stride, v.as_ptr(), n)
+            x86::accumulate_rows::<R>(o.as_mut_ptr(), d, p.as_ptr(), p_stride, v.as_ptr(), n, d)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        Portable.accumulate_rows::<R>(o, d, p, p_stride, v, n)
+    }
+}
+
+impl RowKernels for Avx512 {
+    #[inline(always)]
+    fn dot_rows<const R: usize>(self, q: &[f32], d: usize, k: &[f32]) -> [f32; R] {
+        check_dot(q.len(), k.len(), R, d);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: lengths checked above; the token exists only when AVX-512F was detected.
+        return unsafe { x86_512::dot_rows::<R>(q.as_ptr(), d, k.as_ptr()) };
+        #[cfg(not(target_arch = "x86_64"))]
+        Portable.dot_rows::<R>(q, d, k)
+    }
+
+    #[inline(always)]
+    fn accumulate_rows<const R: usize>(
+        self,
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        p_stride: usize,
+        v: &[f32],
+        n: usize,
+    ) {
+        check_acc(o.len(), p.len(), v.len(), R, d, p_stride, n);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: lengths checked above; the token exists only when AVX-512F was detected.
+        return unsafe {
+            x86_512::accumulate_rows::<R>(o.as_mut_ptr(), d, p.as_ptr(), p_stride, v.as_ptr(), n)
         };
         #[cfg(not(target_arch = "x86_64"))]
         Portable.accumulate_rows::<R>(o, d, p, p_stride, v, n)
@@ -213,7 +336,7 @@ mod tests {
     use super::*;
 
     fn check<K: RowKernels>(k: K) {
-        for d in [1usize, 7, 8, 15, 16, 33, 128] {
+        for d in [1usize, 7, 8, 15, 16, 33, 48, 80, 128] {
             let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.3).sin()).collect();
             let kv: Vec<f32> = (0..d).map(|i| (i as f32 * 0.7).cos()).collect();
             let got = k.dot_rows::<4>(&q, d, &kv);
@@ -242,6 +365,9 @@ mod tests {
     fn portable_and_avx2_match_loops() {
         check(Portable);
         if let Some(a) = Avx2::detect() {
+            check(a);
+        }
+        if let Some(a) = Avx512::detect() {
             check(a);
         }
     }

@@ -8,7 +8,7 @@
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use attention_kernels::cpu::gemm::widen;
 use kernel_common::error::Result;
-use kernel_common::rows::{Avx2, Portable, RowKernels};
+use kernel_common::rows::{Avx2, Avx512, Portable, RowKernels};
 use kernel_common::{simd, Buffer, Element, KernelError};
 use rayon::prelude::*;
 
@@ -169,6 +169,16 @@ fn runs<'v, T>(
     })
 }
 
+/// Pool elements of the K (or V) row at position `pos`.
+#[inline(always)]
+fn row_range<T>(view: &TaskView<'_, T>, pos: usize) -> std::ops::Range<usize> {
+    let bs = view.layout.block_size;
+    let base = view
+        .layout
+        .offset(view.table[pos / bs] as usize, view.kv_head, pos % bs);
+    base..base + view.layout.head_dim
+}
+
 /// Online-softmax attention of the task's rows (`q`, pre-scaled) over positions `t0..t1`.
 #[inline(always)]
 fn attend_range<T: Element, K: RowKernels>(
@@ -183,20 +193,26 @@ fn attend_range<T: Element, K: RowKernels>(
     let rows = view.horizon.len();
     let mut s = vec![0.0f32; rows * CHUNK];
     let mut scratch = Vec::new();
+    for (_, range) in runs(view, t0, (t0 + CHUNK).min(t1)) {
+        simd::prefetch(&view.k[range.clone()]);
+        simd::prefetch(&view.v[range]);
+    }
     let mut c0 = t0;
     while c0 < t1 {
         let c1 = (c0 + CHUNK).min(t1);
         let n = c1 - c0;
-        // The block table scatters a sequence over memory: fetch the next chunk's K and V
-        // blocks while this one is computed on, since the hardware prefetcher cannot.
-        for (_, range) in runs(view, c1, (c1 + CHUNK).min(t1)) {
-            simd::prefetch(&view.k[range.clone()]);
-            simd::prefetch(&view.v[range]);
-        }
         for (pos, range) in runs(view, c0, c1) {
             let kb = widen(&view.k[range], &mut scratch);
             for (t, kt) in kb.chunks_exact(d).enumerate() {
                 let col = pos - c0 + t;
+                // The block table scatters a sequence over memory, which the hardware
+                // prefetcher cannot follow: while scoring key p, request V of p (used right
+                // after this chunk's scores) and K of p + CHUNK (the next chunk), a steady
+                // stream of requests rather than a burst.
+                if pos + t + CHUNK < t1 {
+                    simd::prefetch(&view.v[row_range(view, pos + t + CHUNK)]);
+                    simd::prefetch(&view.k[row_range(view, pos + t + CHUNK)]);
+                }
                 let mut r = 0;
                 while r + 4 <= rows {
                     let dots = kern.dot_rows::<4>(&q[r * d..], d, kt);
@@ -269,6 +285,19 @@ fn attend_range_avx2<T: Element>(
     attend_range(kern, view, q, t0, t1, acc)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn attend_range_avx512<T: Element>(
+    kern: Avx512,
+    view: &TaskView<'_, T>,
+    q: &[f32],
+    t0: usize,
+    t1: usize,
+    acc: &mut Acc,
+) {
+    attend_range(kern, view, q, t0, t1, acc)
+}
+
 /// Runs one partition of one task and returns its state.
 fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize) -> Acc {
     let rows = view.horizon.len();
@@ -277,6 +306,12 @@ fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize
         m: vec![f32::NEG_INFINITY; rows],
         l: vec![0.0; rows],
     };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(kern) = Avx512::detect() {
+        // SAFETY: the token proves AVX-512F, AVX2 and FMA were detected on this CPU.
+        unsafe { attend_range_avx512(kern, view, q, t0, t1, &mut acc) };
+        return acc;
+    }
     #[cfg(target_arch = "x86_64")]
     if let Some(kern) = Avx2::detect() {
         // SAFETY: the token proves AVX2 and FMA were detected on this CPU.

@@ -1,0 +1,525 @@
+//! End-to-end checks of the real `harness` binary: bad input exits 2 with one `error:` line and writes nothing, a tiny experiment writes its CSV/JSON/MD/SVG with the expected rows, an interrupted run keeps its finished rows, and `check` and `list` work.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_harness");
+const REPO_ROOFLINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/roofline");
+
+/// A fresh folder under the system temp dir, removed when dropped (also when a test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("harness-cli-{}-{test}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    fn join(&self, part: &str) -> PathBuf {
+        self.0.join(part)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Kills a spawned harness if the test ends before it does.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn harness(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the harness binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Creates `<results>/roofline/` and copies the repository's stored rooflines into it, so
+/// `exp` needs no fresh measurement when one matches; returns the relative paths copied.
+fn seed_roofline(results: &Path) -> Vec<PathBuf> {
+    let dst = results.join("roofline");
+    fs::create_dir_all(&dst).unwrap();
+    let mut copied = vec![PathBuf::from("roofline")];
+    if let Ok(entries) = fs::read_dir(REPO_ROOFLINE) {
+        for e in entries.flatten() {
+            if e.path().is_file() {
+                fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+                copied.push(Path::new("roofline").join(e.file_name()));
+            }
+        }
+    }
+    copied.sort();
+    copied
+}
+
+/// Every file and folder under `dir`, relative to it, sorted (empty when `dir` is absent).
+fn entries_under(dir: &Path) -> Vec<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().to_path_buf());
+            if p.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = vec![];
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Files under `dir` (not recursive) with extension `ext`.
+fn files_with_ext(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Exit code 2, exactly one non-empty `error:` line on stderr mentioning `needle`
+/// (case-insensitive), no panic, and nothing under `results` but the seeded rooflines.
+fn assert_usage_error(out: &Output, what: &str, needle: &str, results: &Path, seeded: &[PathBuf]) {
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{what}: want exit 2, got {:?}; stderr:\n{stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{what}: panic:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: want exactly one stderr line, got:\n{stderr}"
+    );
+    let line = lines[0];
+    assert!(
+        line.starts_with("error:") && line.len() > "error:".len() + 1,
+        "{what}: want a non-empty 'error:' line, got: {line}"
+    );
+    assert!(
+        line.to_lowercase().contains(&needle.to_lowercase()),
+        "{what}: the error should mention '{needle}': {line}"
+    );
+    assert_eq!(
+        entries_under(results),
+        seeded,
+        "{what}: bad input wrote under the results dir"
+    );
+}
+
+/// The tiny experiment of the happy path (its name is its file stem: `render` finds the spec
+/// by the experiment name recorded in the provenance).
+const TINY: &str = r#"name = "tiny"
+question = "Smoke test: naive, flash2 and paged on two tiny decode and prefill problems."
+claims = ["C5"]
+family = "attention"
+variants = ["naive", "flash2", "paged:bs=16"]
+reps = 2
+
+[grid]
+mode = ["decode", "prefill"]
+batch = [1]
+heads = ["gqa"]
+q_heads = [4]
+head_dim = [32]
+kv_len = [64, 96]
+
+[plot]
+x = "kv_len"
+panel = "mode"
+series = "variant"
+y = { decode = "gbps", prefill = "gflops" }
+
+[report]
+baseline = "naive"
+"#;
+
+/// A temp experiments folder holding `tiny.toml`, and a temp results folder with the
+/// repository's rooflines copied in.
+struct Setup {
+    _tmp: TempDir,
+    exps: PathBuf,
+    results: PathBuf,
+    seeded: Vec<PathBuf>,
+}
+
+impl Setup {
+    fn new(test: &str) -> Setup {
+        let tmp = TempDir::new(test);
+        let exps = tmp.join("experiments");
+        let results = tmp.join("results");
+        fs::create_dir_all(&exps).unwrap();
+        fs::write(exps.join("tiny.toml"), TINY).unwrap();
+        let seeded = seed_roofline(&results);
+        Setup {
+            _tmp: tmp,
+            exps,
+            results,
+            seeded,
+        }
+    }
+
+    /// `harness <args> --experiments-dir <exps> --results-dir <results>`.
+    fn run(&self, args: &[&str]) -> Output {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend([
+            "--experiments-dir",
+            self.exps.to_str().unwrap(),
+            "--results-dir",
+            self.results.to_str().unwrap(),
+        ]);
+        harness(&all)
+    }
+
+    fn expect_usage_error(&self, args: &[&str], needle: &str) {
+        let out = self.run(args);
+        assert_usage_error(&out, &args.join(" "), needle, &self.results, &self.seeded);
+    }
+}
+
+// A. Bad input: exit 2, one `error:` line, nothing written.
+
+#[test]
+fn unknown_experiment_is_one_line() {
+    let s = Setup::new("unknown_experiment");
+    s.expect_usage_error(&["exp", "no_such_exp"], "no_such_exp");
+}
+
+#[test]
+fn unparsable_spec_is_one_line() {
+    let s = Setup::new("unparsable_spec");
+    let broken = s.exps.join("broken.toml");
+    fs::write(
+        &broken,
+        "name = \"broken\"\nquestion = \"unterminated\nclaims = [\n",
+    )
+    .unwrap();
+    s.expect_usage_error(&["exp", broken.to_str().unwrap()], "broken.toml");
+}
+
+#[test]
+fn unknown_spec_fields_are_one_line() {
+    let s = Setup::new("unknown_spec_fields");
+    let extra_field = TINY
+        .replace("name = \"tiny\"", "name = \"extra_field\"")
+        .replace("reps = 2", "reps = 2\ncolour = \"red\"");
+    fs::write(s.exps.join("extra_field.toml"), extra_field).unwrap();
+    s.expect_usage_error(&["exp", "extra_field"], "colour");
+
+    let extra_key = TINY
+        .replace("name = \"tiny\"", "name = \"extra_key\"")
+        .replace("batch = [1]", "batch = [1]\nseq_len = [7]");
+    fs::write(s.exps.join("extra_key.toml"), extra_key).unwrap();
+    s.expect_usage_error(&["exp", "extra_key"], "seq_len");
+}
+
+#[test]
+fn bad_set_is_one_line() {
+    let s = Setup::new("bad_set");
+    s.expect_usage_error(&["exp", "tiny", "--set", "nonsense=1"], "nonsense");
+    s.expect_usage_error(&["exp", "tiny", "--set", "kv_len=abc"], "kv_len='abc'");
+}
+
+#[test]
+fn kv_heads_not_dividing_q_heads_is_one_line() {
+    let s = Setup::new("kv_heads_divide");
+    s.expect_usage_error(
+        &["exp", "tiny", "--set", "q_heads=32", "--set", "heads=32/3"],
+        "must divide",
+    );
+}
+
+#[test]
+fn zero_head_dim_is_one_line() {
+    let s = Setup::new("zero_head_dim");
+    s.expect_usage_error(&["exp", "tiny", "--set", "head_dim=0"], "head_dim");
+}
+
+#[test]
+fn bad_variants_are_one_line() {
+    let s = Setup::new("bad_variants");
+    s.expect_usage_error(&["exp", "tiny", "--variant", "nosuch"], "nosuch");
+    s.expect_usage_error(&["exp", "tiny", "--variant", "paged:bs=0"], "block size");
+    s.expect_usage_error(&["exp", "tiny", "--variant", "flash2:br=0"], "br=0");
+}
+
+#[test]
+fn cuda_without_gpu_is_one_line() {
+    let gpu = Command::new("nvidia-smi")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if gpu {
+        eprintln!("cuda_without_gpu_is_one_line: skipped, nvidia-smi reports a GPU here");
+        return;
+    }
+    let s = Setup::new("cuda_without_gpu");
+    s.expect_usage_error(&["exp", "tiny", "--device", "cuda"], "cuda");
+    s.expect_usage_error(&["check", "--device", "cuda"], "cuda");
+}
+
+#[test]
+fn bad_family_and_threads_are_one_line() {
+    let s = Setup::new("bad_family_threads");
+    s.expect_usage_error(&["check", "--family", "nosuch"], "nosuch");
+    s.expect_usage_error(&["exp", "tiny", "--threads", "0"], "--threads");
+    s.expect_usage_error(&["check", "--threads", "0"], "--threads");
+}
+
+// B. Happy path.
+
+fn column(headers: &csv::StringRecord, name: &str) -> usize {
+    headers
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("CSV header lacks '{name}': {headers:?}"))
+}
+
+#[test]
+fn tiny_experiment_writes_every_output() {
+    let s = Setup::new("tiny_experiment");
+    let out = s.run(&["exp", "tiny", "--threads", "1"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "exp tiny failed:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let dir = s.results.join("tiny");
+    let mut found = vec![];
+    for ext in ["csv", "json", "md", "svg"] {
+        let files = files_with_ext(&dir, ext);
+        assert_eq!(files.len(), 1, "want one .{ext} in {}", dir.display());
+        found.push(files[0].clone());
+    }
+    let (csv_path, json_path, md_path, svg_path) = (&found[0], &found[1], &found[2], &found[3]);
+
+    let mut reader = csv::Reader::from_path(csv_path).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let (variant, mode, status) = (
+        column(&headers, "variant"),
+        column(&headers, "mode"),
+        column(&headers, "status"),
+    );
+    column(&headers, "median_ms");
+    column(&headers, "rel_l2_err");
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.len(), 12, "2 modes x 2 lengths x 3 variants");
+    for r in &rows {
+        assert_eq!(r.len(), headers.len());
+        let want = match (&r[mode], r[variant].starts_with("paged")) {
+            ("decode", _) | ("prefill", false) => "ok",
+            ("prefill", true) => "unsupported",
+            (m, _) => panic!("unexpected mode {m}"),
+        };
+        assert_eq!(&r[status], want, "{r:?}");
+    }
+    assert_eq!(rows.iter().filter(|r| &r[mode] == "decode").count(), 6);
+
+    let prov: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(json_path).unwrap()).unwrap();
+    assert_eq!(prov["status"], "finished", "{prov}");
+    assert!(prov["git_sha"].is_string(), "{prov}");
+    assert!(prov["roofline"].is_object(), "{prov}");
+    assert_eq!(prov["rows"], 12, "{prov}");
+    assert!(fs::metadata(svg_path).unwrap().len() > 0);
+
+    // render rewrites the .md (and .svg) from the CSV and JSON.
+    fs::remove_file(md_path).unwrap();
+    let out = s.run(&["render", csv_path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "render failed:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let md = fs::read_to_string(md_path).expect("render rewrote the .md");
+    assert!(!md.trim().is_empty());
+
+    // --format json prints the rows as one JSON array on stdout.
+    let out = s.run(&["exp", "tiny", "--threads", "1", "--format", "json"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "exp --format json failed:\n{stderr}"
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", text(&out.stdout)));
+    assert_eq!(rows.as_array().map(Vec::len), Some(12), "{rows}");
+}
+
+// C. An interrupted run keeps its finished rows.
+
+#[test]
+fn killed_run_keeps_finished_rows() {
+    let s = Setup::new("killed_run");
+    let lens: Vec<String> = (1..=30).map(|i| (512 * i).to_string()).collect();
+    let spec = format!(
+        r#"name = "long"
+question = "Many decode points, to be interrupted."
+claims = ["C5"]
+family = "attention"
+variants = ["flash2", "naive"]
+reps = 3
+
+[grid]
+mode = ["decode"]
+batch = [1]
+heads = ["gqa"]
+q_heads = [32]
+head_dim = [128]
+kv_len = [{}]
+
+[plot]
+x = "kv_len"
+panel = "mode"
+series = "variant"
+y = {{ decode = "gbps" }}
+"#,
+        lens.join(", ")
+    );
+    fs::write(s.exps.join("long.toml"), spec).unwrap();
+    let stderr_path = s._tmp.join("stderr.txt");
+    let child = Command::new(BIN)
+        .args([
+            "exp",
+            "long",
+            "--threads",
+            "1",
+            "--experiments-dir",
+            s.exps.to_str().unwrap(),
+            "--results-dir",
+            s.results.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("the harness binary starts");
+    let mut child = KillOnDrop(child);
+
+    let dir = s.results.join("long");
+    let started = Instant::now();
+    let csv_path = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            panic!(
+                "exp long ended ({status}) before it could be interrupted:\n{}",
+                fs::read_to_string(&stderr_path).unwrap_or_default()
+            );
+        }
+        if let Some(p) = files_with_ext(&dir, "csv").pop() {
+            let complete_lines = fs::read_to_string(&p)
+                .unwrap_or_default()
+                .matches('\n')
+                .count();
+            if complete_lines > 3 {
+                break p; // header + at least 3 rows
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no 3 rows within 60 s:\n{}",
+            fs::read_to_string(&stderr_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+
+    let body = fs::read_to_string(&csv_path).unwrap();
+    assert!(body.ends_with('\n'), "a partial row was left:\n{body}");
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let width = reader.headers().unwrap().len();
+    let rows: Vec<csv::StringRecord> = reader
+        .records()
+        .map(|r| r.unwrap_or_else(|e| panic!("CSV does not parse after kill: {e}\n{body}")))
+        .collect();
+    assert!(rows.len() >= 3, "{body}");
+    assert!(rows.len() < 60, "the run was not interrupted");
+    assert!(rows.iter().all(|r| r.len() == width), "{body}");
+
+    let prov: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(csv_path.with_extension("json")).unwrap())
+            .unwrap();
+    assert!(
+        prov["status"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("running")),
+        "{prov}"
+    );
+}
+
+// D. check and list.
+
+#[test]
+fn check_writes_passing_rows() {
+    let tmp = TempDir::new("check");
+    let results = tmp.join("results");
+    let out = harness(&[
+        "check",
+        "--cases",
+        "2",
+        "--threads",
+        "1",
+        "--results-dir",
+        results.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "check failed:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let files = files_with_ext(&results.join("check"), "csv");
+    assert_eq!(files.len(), 1, "want one CSV under check/");
+    let mut reader = csv::Reader::from_path(&files[0]).unwrap();
+    let status = column(&reader.headers().unwrap().clone(), "status");
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert!(
+            matches!(&r[status], "pass" | "unsupported"),
+            "check row not passing: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn list_names_variants_and_experiments() {
+    let out = harness(&["list"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "list failed:\n{}",
+        text(&out.stderr)
+    );
+    for name in ["flash2", "paged", "flash_vs_paged"] {
+        assert!(
+            stdout.contains(name),
+            "list does not mention {name}:\n{stdout}"
+        );
+    }
+}
