@@ -156,7 +156,7 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ),
     (
         "flash2",
-        "FlashAttention-2: Br×Bc tiles, online softmax, one final 1/l; params br, bc",
+        "FlashAttention-2: Br×Bc tiles, online softmax, one final 1/l; params br, bc, gemm (mm | faer)",
     ),
 ];
 
@@ -172,10 +172,20 @@ pub fn kernel_from_spec(spec: &VariantSpec) -> Result<Option<Box<dyn AttentionKe
             Box::new(cpu::naive::Naive)
         }
         "flash2" => {
-            spec.only(&["br", "bc"])?;
+            spec.only(&["br", "bc", "gemm"])?;
+            let gemm = spec
+                .params
+                .get("gemm")
+                .map_or(Some(cpu::flash2::DEFAULT_GEMM), |g| {
+                    cpu::gemm::GemmBackend::parse(g)
+                });
+            let gemm = gemm.ok_or_else(|| {
+                KernelError::Unsupported("flash2: gemm must be mm (matrixmultiply) or faer".into())
+            })?;
             Box::new(cpu::flash2::Flash2::new(
                 spec.get("br", cpu::flash2::DEFAULT_BR)?,
                 spec.get("bc", cpu::flash2::DEFAULT_BC)?,
+                gemm,
             )?)
         }
         _ => return Ok(None),

@@ -70,8 +70,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn flash2_equals_reference(shape in shapes(), br in 1usize..40, bc in 1usize..40, dtype in dtypes(), seed in any::<u64>()) {
-        check(&format!("flash2:br={br},bc={bc}"), &shape, dtype, seed)?;
+    fn flash2_equals_reference(shape in shapes(), br in 1usize..40, bc in 1usize..40, faer in any::<bool>(), dtype in dtypes(), seed in any::<u64>()) {
+        let gemm = if faer { "faer" } else { "mm" };
+        check(&format!("flash2:br={br},bc={bc},gemm={gemm}"), &shape, dtype, seed)?;
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! P·V, one final O/l). Scores never leave the Br×Bc tile. GQA maps query head h to KV head
 //! h / group without copying K/V; causal tiles past the diagonal are skipped.
 
-use super::gemm::{sgemm, widen, Strides};
+use super::gemm::{sgemm_with, widen, GemmBackend, Strides};
 use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
 use crate::{ContiguousAttention, PreparedAttention};
 use kernel_common::error::Result;
@@ -12,9 +12,11 @@ use kernel_common::{simd, Buffer, Cost, DType, Device, Element, KernelError};
 use rayon::prelude::*;
 
 /// Default query-tile rows.
-pub const DEFAULT_BR: usize = 64;
+pub const DEFAULT_BR: usize = 128;
 /// Default key-tile columns.
 pub const DEFAULT_BC: usize = 128;
+/// Default tile-product backend.
+pub const DEFAULT_GEMM: GemmBackend = GemmBackend::DEFAULT;
 /// Largest tile side accepted.
 pub const MAX_TILE: usize = 1024;
 
@@ -23,11 +25,12 @@ pub const MAX_TILE: usize = 1024;
 pub struct Flash2 {
     br: usize,
     bc: usize,
+    gemm: GemmBackend,
 }
 
 impl Flash2 {
     /// Tile sizes must be in `1..=MAX_TILE`.
-    pub fn new(br: usize, bc: usize) -> Result<Flash2> {
+    pub fn new(br: usize, bc: usize, gemm: GemmBackend) -> Result<Flash2> {
         for (name, t) in [("br", br), ("bc", bc)] {
             if t == 0 || t > MAX_TILE {
                 return Err(KernelError::Unsupported(format!(
@@ -35,7 +38,7 @@ impl Flash2 {
                 )));
             }
         }
-        Ok(Flash2 { br, bc })
+        Ok(Flash2 { br, bc, gemm })
     }
 
     /// Scratch floats one task holds: Q tile, O tile, S tile, widened K and V tiles, m and l.
@@ -49,7 +52,7 @@ impl Flash2 {
 #[allow(clippy::too_many_arguments)]
 fn q_tile<T: Element>(
     shape: &AttentionShape,
-    bc: usize,
+    cfg: Flash2,
     i0: usize,
     q: &[T],
     k: &[T],
@@ -63,7 +66,7 @@ fn q_tile<T: Element>(
     let mut o = vec![0.0f32; rows * d];
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
-    let mut s = vec![0.0f32; rows * bc];
+    let mut s = vec![0.0f32; rows * cfg.bc];
     let (mut ks, mut vs) = (Vec::new(), Vec::new());
     // Keys beyond the last row's horizon are never needed.
     let kv_end = if shape.causal {
@@ -73,10 +76,11 @@ fn q_tile<T: Element>(
     };
     let mut j0 = 0;
     while j0 < kv_end {
-        let cols = bc.min(kv_end - j0);
+        let cols = cfg.bc.min(kv_end - j0);
         let kt = widen(&k[j0 * d..(j0 + cols) * d], &mut ks);
         let vt = widen(&v[j0 * d..(j0 + cols) * d], &mut vs);
-        sgemm(
+        sgemm_with(
+            cfg.gemm,
             rows,
             d,
             cols,
@@ -87,10 +91,10 @@ fn q_tile<T: Element>(
             Strides::transposed(d),
             0.0,
             &mut s,
-            bc,
+            cfg.bc,
         );
         for r in 0..rows {
-            let srow = &mut s[r * bc..r * bc + cols];
+            let srow = &mut s[r * cfg.bc..r * cfg.bc + cols];
             if shape.causal {
                 // Keys after this row's position are masked out of this tile.
                 let seen = (shape.q_pos(i0 + r) + 1).saturating_sub(j0).min(cols);
@@ -105,13 +109,14 @@ fn q_tile<T: Element>(
             }
             m[r] = m_new;
         }
-        sgemm(
+        sgemm_with(
+            cfg.gemm,
             rows,
             cols,
             d,
             1.0,
             &s,
-            Strides::row_major(bc),
+            Strides::row_major(cfg.bc),
             vt,
             Strides::row_major(d),
             1.0,
@@ -131,14 +136,14 @@ fn q_tile<T: Element>(
 #[allow(clippy::too_many_arguments)]
 fn q_tile_avx2<T: Element>(
     shape: &AttentionShape,
-    bc: usize,
+    cfg: Flash2,
     i0: usize,
     q: &[T],
     k: &[T],
     v: &[T],
     out: &mut [T],
 ) {
-    q_tile(shape, bc, i0, q, k, v, out)
+    q_tile(shape, cfg, i0, q, k, v, out)
 }
 
 impl Flash2 {
@@ -161,10 +166,10 @@ impl Flash2 {
                         #[cfg(target_arch = "x86_64")]
                         if avx2 {
                             // SAFETY: AVX2 and FMA were detected on this CPU.
-                            return unsafe { q_tile_avx2(shape, self.bc, i0, qt, kh, vh, o) };
+                            return unsafe { q_tile_avx2(shape, *self, i0, qt, kh, vh, o) };
                         }
                         let _ = avx2;
-                        q_tile(shape, self.bc, i0, qt, kh, vh, o)
+                        q_tile(shape, *self, i0, qt, kh, vh, o)
                     });
             });
     }
@@ -185,7 +190,12 @@ impl ContiguousAttention for Flash2 {
 
 impl AttentionKernel for Flash2 {
     fn name(&self) -> String {
-        format!("flash2:bc={},br={}", self.bc, self.br)
+        format!(
+            "flash2:bc={},br={},gemm={}",
+            self.bc,
+            self.br,
+            self.gemm.name()
+        )
     }
     fn supports(&self, _shape: &AttentionShape, _dtype: DType, device: Device) -> Result<()> {
         cpu_only("flash2", device)
