@@ -116,7 +116,14 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
                 kernel.name()
             ));
             let mut row = runner.row(kernel.as_ref(), &run_id, &spec.name, opts.device, &roof);
-            runner.measure(kernel.as_ref(), reps, &mut flusher, &roof, &mut row);
+            runner.measure(
+                kernel.as_ref(),
+                opts.device,
+                reps,
+                &mut flusher,
+                &roof,
+                &mut row,
+            );
             if row.status == "fail" {
                 failures += 1;
             }
@@ -289,13 +296,14 @@ impl<'a> PointRunner<'a> {
     fn measure(
         &mut self,
         kernel: &dyn AttentionKernel,
+        device: Device,
         reps: usize,
         flusher: &mut CacheFlusher,
         roof: &Roofline,
         row: &mut ExpRow,
     ) {
         let (shape, dtype) = (self.point.shape, self.point.dtype);
-        if let Err(e) = kernel.supports(&shape, dtype, Device::Cpu) {
+        if let Err(e) = kernel.supports(&shape, dtype, device) {
             row.status = "unsupported".into();
             row.note = e.to_string();
             return;

@@ -15,11 +15,17 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Folder of experiment specs (<name>.toml).
-    #[arg(long, global = true, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../experiments"))]
+    #[arg(long, global = true, default_value_os_t = workspace_dir("experiments"))]
     experiments_dir: PathBuf,
     /// Folder results are written under.
-    #[arg(long, global = true, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../results"))]
+    #[arg(long, global = true, default_value_os_t = workspace_dir("results"))]
     results_dir: PathBuf,
+}
+
+/// `name` inside the workspace this binary was built from.
+fn workspace_dir(name: &str) -> PathBuf {
+    let harness = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    harness.parent().unwrap_or(harness).join(name)
 }
 
 #[derive(Args)]

@@ -91,10 +91,10 @@ fn tables(spec: &ExperimentSpec, rows: &[ExpRow]) -> String {
     modes.dedup();
     for mode in modes {
         let _ = writeln!(md, "## {mode}\n");
-        let _ = writeln!(md, "| dtype | batch | heads q/kv | q_len | kv_len | variant | median ms | p10–p90 ms | GB/s | GFLOP/s | % roof | scratch MiB | rel L2 err | status |");
+        let _ = writeln!(md, "| dtype | batch | heads q/kv | q_len | kv_len | causal | variant | median ms | p10–p90 ms | GB/s | GFLOP/s | % roof | scratch MiB | rel L2 err | status |");
         let _ = writeln!(
             md,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for r in rows
             .iter()
@@ -102,13 +102,14 @@ fn tables(spec: &ExperimentSpec, rows: &[ExpRow]) -> String {
         {
             let _ = writeln!(
                 md,
-                "| {} | {} | {}/{} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {}/{} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} | {} | {} |",
                 r.dtype,
                 r.batch,
                 r.q_heads,
                 r.kv_heads,
                 r.q_len,
                 r.kv_len,
+                if r.causal { "yes" } else { "no" },
                 r.variant,
                 fmt_opt(r.median_ms, 3),
                 fmt_opt(r.p10_ms, 3),
@@ -149,8 +150,15 @@ fn tables(spec: &ExperimentSpec, rows: &[ExpRow]) -> String {
 fn speedups(rows: &[ExpRow], base: &str) -> String {
     let key = |r: &ExpRow| {
         format!(
-            "{} {} b{} h{}/{} q{} kv{}",
-            r.mode, r.dtype, r.batch, r.q_heads, r.kv_heads, r.q_len, r.kv_len
+            "{} {} b{} h{}/{} q{} kv{}{}",
+            r.mode,
+            r.dtype,
+            r.batch,
+            r.q_heads,
+            r.kv_heads,
+            r.q_len,
+            r.kv_len,
+            if r.causal { " causal" } else { "" }
         )
     };
     let mut variants: Vec<String> = vec![];
@@ -259,7 +267,11 @@ fn plot(spec: &ExperimentSpec, rows: &[ExpRow], prov: &Provenance, path: &Path) 
             x1 = x0 * 2.0;
         }
         let filter: Vec<String> = p.filter.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let caption = format!("{} {panel} ({})", p.panel, filter.join(" "));
+        let caption = if filter.is_empty() {
+            format!("{} {panel}", p.panel)
+        } else {
+            format!("{} {panel} ({})", p.panel, filter.join(" "))
+        };
         let mut b = ChartBuilder::on(area);
         b.caption(caption, ("sans-serif", 16))
             .margin(12)
@@ -272,6 +284,9 @@ fn plot(spec: &ExperimentSpec, rows: &[ExpRow], prov: &Provenance, path: &Path) 
                     .configure_mesh()
                     .x_desc(p.x.as_str())
                     .y_desc(metric.as_str())
+                    .x_labels(8)
+                    .x_label_formatter(&|x| format!("{x:.0}"))
+                    .y_label_formatter(&|y| format!("{y:.0}"))
                     .draw()
                     .map_err(plot_err)?;
                 for (i, (name, mut pts)) in series.into_iter().enumerate() {
