@@ -5,7 +5,7 @@
 
 use crate::error::{HarnessError, Result};
 use attention_kernels::AttentionShape;
-use kernel_common::{DType, VariantSpec};
+use kernel_common::DType;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -359,14 +359,6 @@ pub fn parse_set(text: &str) -> Result<(String, Vec<String>)> {
         )));
     }
     Ok((k.to_string(), values))
-}
-
-/// Variant specs parsed (kept for the registry's error messages).
-pub fn variant_specs(spec: &ExperimentSpec) -> Result<Vec<VariantSpec>> {
-    spec.variants
-        .iter()
-        .map(|v| VariantSpec::parse(v).map_err(|e| HarnessError::Usage(e.to_string())))
-        .collect()
 }
 
 #[cfg(test)]
