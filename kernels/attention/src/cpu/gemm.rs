@@ -75,7 +75,7 @@ pub fn sgemm(
     ldc: usize,
 ) {
     sgemm_with(
-        GemmBackend::MatrixMultiply,
+        GemmBackend::DEFAULT,
         m,
         k,
         n,
