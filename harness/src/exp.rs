@@ -71,7 +71,8 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     if reps == 0 {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));
     }
-    let roof = roofline::load_or_measure(&opts.results_dir)?;
+    eprintln!("measuring this machine's roofline for this run (a few seconds)");
+    let roof = roofline::measure_and_record(&opts.results_dir)?;
 
     let run_id = machine::run_id(if opts.quick { "quick" } else { "" });
     let dir = opts.results_dir.join(&spec.name);

@@ -83,12 +83,15 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Measure this machine's read bandwidth and f32 FMA peak and store them in
-    /// results/roofline/<machine>-<threads>t.json (experiments use the stored numbers).
+    /// Measure this machine's read bandwidth and f32 FMA peak; keep the best seen so far in
+    /// results/roofline/<machine>-<threads>t.json (each experiment also measures afresh).
     Roofline {
         /// Worker threads (default: all logical cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// Store this measurement even if the stored one is higher (default: keep the best).
+        #[arg(long)]
+        replace: bool,
         /// Where to measure: cpu (cuda rooflines come with the CUDA backend).
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -187,7 +190,11 @@ fn run(cli: Cli) -> Result<i32> {
                 results_dir: cli.results_dir,
             })
         }
-        Command::Roofline { threads, device } => {
+        Command::Roofline {
+            threads,
+            device,
+            replace,
+        } => {
             let device = Device::parse(&device)?;
             if device != Device::Cpu {
                 kernel_common::probe_cuda(match device {
@@ -199,15 +206,20 @@ fn run(cli: Cli) -> Result<i32> {
                 ));
             }
             set_threads(threads)?;
-            let roof = roofline::measure();
-            let path = roofline::store(&cli.results_dir, &roof)?;
+            let fresh = roofline::measure();
             println!(
-                "{}: read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({}), {} threads -> {}",
-                roof.cpu_model,
-                roof.read_gbps,
-                roof.fma_gflops,
-                roof.fma_isa,
-                roof.threads,
+                "{}, {} threads: measured read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({})",
+                fresh.cpu_model, fresh.threads, fresh.read_gbps, fresh.fma_gflops, fresh.fma_isa
+            );
+            let best = match roofline::stored(&cli.results_dir) {
+                Some(old) if !replace => old.best_of(fresh),
+                _ => fresh,
+            };
+            let path = roofline::store(&cli.results_dir, &best)?;
+            println!(
+                "stored (best seen): read {:.1} GB/s, FMA {:.1} GFLOP/s -> {}",
+                best.read_gbps,
+                best.fma_gflops,
                 path.display()
             );
             Ok(0)

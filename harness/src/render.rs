@@ -62,8 +62,8 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
     );
     let _ = writeln!(
         md,
-        "**Roofline** (measured {}): read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({}). `% roof` = roofline time / measured median.\n",
-        prov.roofline.measured_at, prov.roofline.read_gbps, prov.roofline.fma_gflops, prov.roofline.fma_isa
+        "**Roofline** (measured at the start of the run, {}): read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({}). `% roof` = roofline time / measured median.\n",
+        prov.roofline.read_measured_at, prov.roofline.read_gbps, prov.roofline.fma_gflops, prov.roofline.fma_isa
     );
     let _ = writeln!(
         md,

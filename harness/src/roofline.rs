@@ -1,7 +1,9 @@
-//! This machine's limits, measured once and stored per machine kind and thread count in
-//! `results/roofline/<machine>-<threads>t.json`: read bandwidth from a parallel streaming sum
-//! over a buffer 16× the L3, and the f32 FMA peak from independent FMA chains on every thread
-//! (AVX2 and, where present, AVX-512; the larger is the limit). Williams et al., "Roofline".
+//! This machine's limits: read bandwidth from a parallel streaming sum over a buffer 16× the
+//! L3, and the f32 FMA peak from independent FMA chains on every thread (AVX2 and, where
+//! present, AVX-512; the larger is the limit). Williams et al., "Roofline". Every experiment
+//! measures them afresh when it starts and compares its rows with that measurement (this
+//! shared VM's bandwidth moved between 25 and 50 GB/s within an hour); the best values ever
+//! seen are kept per machine and thread count in `results/roofline/<machine>-<threads>t.json`.
 
 use crate::error::{HarnessError, Result};
 use crate::machine;
@@ -23,8 +25,42 @@ pub struct Roofline {
     pub fma_gflops: f64,
     /// Instruction set that reached `fma_gflops`.
     pub fma_isa: String,
-    pub measured_at: String,
+    pub read_measured_at: String,
+    pub fma_measured_at: String,
     pub method: String,
+}
+
+impl Roofline {
+    /// The larger of each limit from `self` and `other`, each with its own time: a limit is a
+    /// peak, and on a shared machine noise only lowers a measurement.
+    pub fn best_of(self, other: Roofline) -> Roofline {
+        let (read_gbps, read_measured_at) = if other.read_gbps > self.read_gbps {
+            (other.read_gbps, other.read_measured_at.clone())
+        } else {
+            (self.read_gbps, self.read_measured_at.clone())
+        };
+        let (fma_gflops, fma_isa, fma_measured_at) = if other.fma_gflops > self.fma_gflops {
+            (
+                other.fma_gflops,
+                other.fma_isa.clone(),
+                other.fma_measured_at.clone(),
+            )
+        } else {
+            (
+                self.fma_gflops,
+                self.fma_isa.clone(),
+                self.fma_measured_at.clone(),
+            )
+        };
+        Roofline {
+            read_gbps,
+            read_measured_at,
+            fma_gflops,
+            fma_isa,
+            fma_measured_at,
+            ..other
+        }
+    }
 }
 
 /// Bytes streamed per bandwidth pass.
@@ -167,6 +203,7 @@ pub fn measure_fma_peak() -> (f64, String) {
 pub fn measure() -> Roofline {
     let read_gbps = measure_read_bandwidth(10);
     let (fma_gflops, fma_isa) = measure_fma_peak();
+    let now = machine::now_rfc3339();
     Roofline {
         machine: machine::machine_key(),
         cpu_model: machine::cpu_model(),
@@ -174,7 +211,8 @@ pub fn measure() -> Roofline {
         read_gbps,
         fma_gflops,
         fma_isa,
-        measured_at: machine::now_rfc3339(),
+        read_measured_at: now.clone(),
+        fma_measured_at: now,
         method: format!(
             "read: best of 10 parallel streaming sums over {} MiB; fma: best of 5, {CHAINS} independent FMA chains per thread",
             STREAM_BYTES >> 20
@@ -201,22 +239,56 @@ pub fn store(results: &Path, roof: &Roofline) -> Result<PathBuf> {
     Ok(p)
 }
 
-/// The stored roofline of this machine, or a fresh measurement (stored) when there is none.
-pub fn load_or_measure(results: &Path) -> Result<Roofline> {
-    let p = path(results);
-    if let Ok(text) = std::fs::read_to_string(&p) {
-        return serde_json::from_str(&text).map_err(|e| {
-            HarnessError::Usage(format!(
-                "{} is not a roofline file ({e}); delete it to re-measure",
-                p.display()
-            ))
-        });
+/// The stored roofline of this machine, if there is a readable one.
+pub fn stored(results: &Path) -> Option<Roofline> {
+    serde_json::from_str(&std::fs::read_to_string(path(results)).ok()?).ok()
+}
+
+/// Measures this machine now and folds the result into its stored best-seen file; returns
+/// the fresh measurement, the limit a run started now is compared with.
+pub fn measure_and_record(results: &Path) -> Result<Roofline> {
+    let fresh = measure();
+    let best = match stored(results) {
+        Some(old) => old.best_of(fresh.clone()),
+        None => fresh.clone(),
+    };
+    store(results, &best)?;
+    Ok(fresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roof(read: f64, fma: f64, at: &str) -> Roofline {
+        Roofline {
+            machine: "m".into(),
+            cpu_model: "c".into(),
+            threads: 2,
+            read_gbps: read,
+            fma_gflops: fma,
+            fma_isa: format!("isa-{at}"),
+            read_measured_at: at.into(),
+            fma_measured_at: at.into(),
+            method: "x".into(),
+        }
     }
-    eprintln!(
-        "no roofline for this machine yet: measuring it (a few seconds) into {}",
-        p.display()
-    );
-    let roof = measure();
-    store(results, &roof)?;
-    Ok(roof)
+
+    #[test]
+    fn best_of_keeps_each_peak_with_its_time() {
+        let best = roof(30.0, 200.0, "t1").best_of(roof(35.0, 150.0, "t2"));
+        assert_eq!(best.read_gbps, 35.0);
+        assert_eq!(best.fma_gflops, 200.0);
+        assert_eq!(best.fma_isa, "isa-t1");
+        assert_eq!(
+            (
+                best.read_measured_at.as_str(),
+                best.fma_measured_at.as_str()
+            ),
+            ("t2", "t1")
+        );
+        let same = roof(30.0, 200.0, "t1").best_of(roof(20.0, 100.0, "t2"));
+        assert_eq!((same.read_gbps, same.fma_gflops), (30.0, 200.0));
+        assert_eq!(same.clone().best_of(same.clone()), same);
+    }
 }
