@@ -1,6 +1,7 @@
 //! `harness check`: every variant of a family on random shapes and on the DESIGN.md edge
 //! cases (odd lengths 54/97/577, kv_len 1, kv_heads 1 and = q_heads, block size 1, a pool of
-//! > 32768 blocks, NaN in unused pool slots), outputs NaN-poisoned before each run, compared
+//! > 32768 blocks, NaN in unused pool slots; quant cases in `check_quant`), outputs
+//! NaN-poisoned before each run, compared
 //! with the f64 reference under the per-dtype tolerance table; a table on stdout, every row in
 //! results/check/<run-id>.csv, exit 1 on any failure.
 
@@ -50,8 +51,8 @@ pub struct CheckRow {
     pub note: String,
 }
 
-struct Ctx<'a> {
-    opts: &'a CheckOptions,
+pub(crate) struct Ctx<'a> {
+    pub opts: &'a CheckOptions,
     run_id: String,
     writer: RowWriter,
     rows: Vec<CheckRow>,
@@ -69,7 +70,31 @@ impl Ctx<'_> {
         seed: u64,
         outcome: std::result::Result<ErrorStats, String>,
     ) -> Result<()> {
-        let tol = tolerance(dtype);
+        self.record_with(
+            family,
+            case,
+            variant,
+            dtype,
+            tolerance(dtype),
+            shape,
+            seed,
+            outcome,
+        )
+    }
+
+    /// Records one row judged against `tol`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_with(
+        &mut self,
+        family: &str,
+        case: usize,
+        variant: &str,
+        dtype: DType,
+        tol: kernel_common::Tolerance,
+        shape: String,
+        seed: u64,
+        outcome: std::result::Result<ErrorStats, String>,
+    ) -> Result<()> {
         let (status, stats, note) = match outcome {
             Ok(s) if s.passes(&tol) => ("pass", Some(s), String::new()),
             Ok(s) => (
@@ -143,6 +168,7 @@ pub fn run(opts: &CheckOptions) -> Result<i32> {
     for family in &opts.families {
         match family.as_str() {
             "attention" => check_attention(&mut ctx)?,
+            "quant" => crate::check_quant::check_quant(&mut ctx)?,
             _ => check_paged(&mut ctx)?,
         }
     }

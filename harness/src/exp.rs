@@ -45,6 +45,18 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
         .map(|s| parse_set(s))
         .collect::<Result<Vec<_>>>()?;
     let grid = spec.resolve_grid(opts.quick, &sets)?;
+    let names = if opts.variants.is_empty() {
+        spec.variants.clone()
+    } else {
+        opts.variants.clone()
+    };
+    let reps = opts.reps.or(spec.reps).unwrap_or(DEFAULT_REPS);
+    if reps == 0 {
+        return Err(HarnessError::Usage("--reps must be at least 1".into()));
+    }
+    if spec.family == "quant" {
+        return crate::exp_quant::run(opts, &spec, &spec_path, grid, &names, reps);
+    }
     let points = ExperimentSpec::points(&grid)?;
     if points.is_empty() {
         return Err(HarnessError::Usage(format!(
@@ -52,11 +64,6 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
             spec.name
         )));
     }
-    let names = if opts.variants.is_empty() {
-        spec.variants.clone()
-    } else {
-        opts.variants.clone()
-    };
     let kernels = names
         .iter()
         .map(|v| registry::attention_kernel(v))
@@ -67,43 +74,8 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
             .iter()
             .map(|k| k.supports(&points[0].shape, points[0].dtype, opts.device)),
     )?;
-    let reps = opts.reps.or(spec.reps).unwrap_or(DEFAULT_REPS);
-    if reps == 0 {
-        return Err(HarnessError::Usage("--reps must be at least 1".into()));
-    }
-    eprintln!("measuring this machine's roofline for this run (a few seconds)");
-    let roof = roofline::measure_and_record(&opts.results_dir)?;
-
-    let run_id = machine::run_id(if opts.quick { "quick" } else { "" });
-    let dir = opts.results_dir.join(&spec.name);
-    std::fs::create_dir_all(&dir)
-        .map_err(HarnessError::io(format!("creating {}", dir.display())))?;
-    let (csv_path, json_path) = (
-        dir.join(format!("{run_id}.csv")),
-        dir.join(format!("{run_id}.json")),
-    );
-    let mut prov = Provenance::start(
-        &run_id,
-        &spec.name,
-        &spec_path,
-        &spec.claims,
-        &opts.device.to_string(),
-        opts.quick,
-        opts.seed,
-        grid,
-        roof.clone(),
-    );
-    prov.write(&json_path)?;
-    let mut writer = RowWriter::create(csv_path.clone())?;
-
-    let bar = ProgressBar::new((points.len() * kernels.len()) as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} rows (eta {eta}) {msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
+    let mut run = RunFiles::start(opts, &spec, &spec_path, grid)?;
+    let bar = progress_bar(points.len() * kernels.len());
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
     for (index, point) in points.iter().enumerate() {
@@ -116,44 +88,126 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
                 point.shape.label(),
                 kernel.name()
             ));
-            let mut row = runner.row(kernel.as_ref(), &run_id, &spec.name, opts.device, &roof);
+            let mut row = runner.row(
+                kernel.as_ref(),
+                &run.run_id,
+                &spec.name,
+                opts.device,
+                &run.roof,
+            );
             runner.measure(
                 kernel.as_ref(),
                 opts.device,
                 reps,
                 &mut flusher,
-                &roof,
+                &run.roof,
                 &mut row,
             );
             if row.status == "fail" {
                 failures += 1;
             }
-            writer.write(&row)?;
+            run.writer.write(&row)?;
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    prov.status = "finished".into();
-    prov.finished_at = Some(machine::now_rfc3339());
-    prov.rows = writer.rows;
-    prov.write(&json_path)?;
-    let report = render::render_run(&spec, &csv_path, &prov)?;
-    match opts.format {
-        Format::Table => println!("{}", report.summary),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&crate::output::read_rows::<ExpRow>(&csv_path)?)?
-        ),
-    }
-    eprintln!(
-        "wrote {} rows: {} (+ .json, .md, .svg)",
-        writer.rows,
-        csv_path.display()
+    run.finish::<ExpRow>(&spec, opts.format, failures)
+}
+
+/// A progress bar over `len` rows.
+pub(crate) fn progress_bar(len: usize) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} rows (eta {eta}) {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
-    if failures > 0 {
-        eprintln!("{failures} row(s) disagree with the reference: see status=fail in the CSV");
+    bar
+}
+
+/// The files of a run being written: its CSV (rows flushed one by one), its provenance, and
+/// the roofline measured when it started.
+pub(crate) struct RunFiles {
+    pub run_id: String,
+    pub csv_path: PathBuf,
+    pub json_path: PathBuf,
+    pub prov: Provenance,
+    pub roof: Roofline,
+    pub writer: RowWriter,
+}
+
+impl RunFiles {
+    /// Measures the roofline, creates results/<exp>/<run-id>.csv and writes provenance.
+    pub fn start(
+        opts: &ExpOptions,
+        spec: &ExperimentSpec,
+        spec_path: &std::path::Path,
+        grid: std::collections::BTreeMap<String, Vec<String>>,
+    ) -> Result<RunFiles> {
+        eprintln!("measuring this machine's roofline for this run (a few seconds)");
+        let roof = roofline::measure_and_record(&opts.results_dir)?;
+        let run_id = machine::run_id(if opts.quick { "quick" } else { "" });
+        let dir = opts.results_dir.join(&spec.name);
+        std::fs::create_dir_all(&dir)
+            .map_err(HarnessError::io(format!("creating {}", dir.display())))?;
+        let (csv_path, json_path) = (
+            dir.join(format!("{run_id}.csv")),
+            dir.join(format!("{run_id}.json")),
+        );
+        let prov = Provenance::start(
+            &run_id,
+            &spec.name,
+            spec_path,
+            &spec.claims,
+            &opts.device.to_string(),
+            opts.quick,
+            opts.seed,
+            grid,
+            roof.clone(),
+        );
+        prov.write(&json_path)?;
+        let writer = RowWriter::create(csv_path.clone())?;
+        Ok(RunFiles {
+            run_id,
+            csv_path,
+            json_path,
+            prov,
+            roof,
+            writer,
+        })
     }
-    Ok(if failures > 0 { 1 } else { 0 })
+
+    /// Marks the run finished, renders the report and prints it; exit code 1 on failures.
+    pub fn finish<R: serde::de::DeserializeOwned + serde::Serialize>(
+        mut self,
+        spec: &ExperimentSpec,
+        format: Format,
+        failures: usize,
+    ) -> Result<i32> {
+        self.prov.status = "finished".into();
+        self.prov.finished_at = Some(machine::now_rfc3339());
+        self.prov.rows = self.writer.rows;
+        self.prov.write(&self.json_path)?;
+        let report = render::render_run(spec, &self.csv_path, &self.prov)?;
+        match format {
+            Format::Table => println!("{}", report.summary),
+            Format::Json => println!(
+                "{}",
+                serde_json::to_string_pretty(&crate::output::read_rows::<R>(&self.csv_path)?)?
+            ),
+        }
+        eprintln!(
+            "wrote {} rows: {} (+ .json, .md, .svg)",
+            self.writer.rows,
+            self.csv_path.display()
+        );
+        if failures > 0 {
+            eprintln!("{failures} row(s) disagree with the reference: see status=fail in the CSV");
+        }
+        Ok(if failures > 0 { 1 } else { 0 })
+    }
 }
 
 /// Inputs and reference rows of one grid point, created on first use and shared by variants.

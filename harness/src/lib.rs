@@ -5,10 +5,14 @@
 pub mod alloc;
 /// `harness check`: every variant against the f64 reference on random and edge cases.
 pub mod check;
+/// `harness check --family quant`: product variants on random formats and edge cases.
+pub mod check_quant;
 /// The harness error type (one line, exit 2).
 pub mod error;
 /// `harness exp`: grid runner streaming rows to CSV.
 pub mod exp;
+/// `harness exp` for the quant family: formats × shapes × weights × batch.
+pub mod exp_quant;
 /// Host, CPU, git and rustc facts for provenance.
 pub mod machine;
 /// Warm-up, cache flushing, repetitions and percentiles.

@@ -51,7 +51,7 @@ enum Command {
     /// Check every variant against the f64 reference on random shapes and edge cases;
     /// writes results/check/<run-id>.csv, exits 1 on any failure.
     Check {
-        /// Family to check (attention, paged); default all.
+        /// Family to check (attention, paged, quant); default all.
         #[arg(long)]
         family: Vec<String>,
         /// Random cases per family (edge cases are always added).
@@ -130,9 +130,11 @@ fn run(cli: Cli) -> Result<i32> {
                     spec.question.trim().lines().next().unwrap_or("")
                 );
             }
-            println!("\nGrid keys for --set:");
-            for (k, about) in harness::spec::GRID_KEYS {
-                println!("  {k:<11} {about}");
+            for family in harness::spec::EXPERIMENT_FAMILIES {
+                println!("\nGrid keys for --set ({family} experiments):");
+                for (k, about) in harness::spec::grid_keys(family) {
+                    println!("  {k:<11} {about}");
+                }
             }
             Ok(0)
         }

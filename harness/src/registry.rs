@@ -1,12 +1,13 @@
 //! The variant registry: resolves a variant spec string to a kernel of any crate of the
-//! attention family (attention: reference, naive, flash2; paged: paged), and lists them.
+//! attention family (attention: reference, naive, flash2; paged: paged) or to a product
+//! variant of the quant family (fused, dequant), and lists them.
 
 use crate::error::{HarnessError, Result};
 use attention_kernels::AttentionKernel;
 use kernel_common::VariantSpec;
 
 /// Families `harness check --family` knows.
-pub const FAMILIES: &[&str] = &["attention", "paged"];
+pub const FAMILIES: &[&str] = &["attention", "paged", "quant"];
 
 /// The kernel for `spec` (`flash2:br=64`, `paged:bs=16,split=auto`, ...).
 pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
@@ -25,6 +26,23 @@ pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
     )))
 }
 
+/// The quant-family variant for `spec` (`fused`, `fused:isa=portable`, `dequant`), with its
+/// canonical name.
+pub fn quant_variant(spec: &str) -> Result<(String, quant_kernels::MatVecVariant)> {
+    let parsed = VariantSpec::parse(spec)?;
+    match quant_kernels::variant_from_spec(&parsed)? {
+        Some(v) => Ok((spec.to_string(), v)),
+        None => {
+            let known: Vec<&str> = quant_kernels::VARIANTS.iter().map(|(n, _)| *n).collect();
+            Err(HarnessError::Usage(format!(
+                "unknown quant variant '{}' (known: {})",
+                parsed.name,
+                known.join(", ")
+            )))
+        }
+    }
+}
+
 /// (crate, name, description) of every variant.
 pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
     let mut out = vec![];
@@ -33,6 +51,9 @@ pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
     }
     for (n, d) in paged_kernels::VARIANTS {
         out.push(("paged", *n, *d));
+    }
+    for (n, d) in quant_kernels::VARIANTS {
+        out.push(("quant", *n, *d));
     }
     out
 }

@@ -4,9 +4,11 @@
 //! value, the roofline as a dashed line). `harness render CSV` rewrites both.
 
 use crate::error::{HarnessError, Result};
+use crate::exp_quant::QuantRow;
 use crate::output::{read_rows, ExpRow, Provenance};
-use crate::spec::ExperimentSpec;
+use crate::spec::{ExperimentSpec, PlotSpec};
 use plotters::prelude::*;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -18,7 +20,7 @@ pub struct Report {
 }
 
 /// A row's column by its CSV name, as text ("" when empty).
-pub fn column(row: &ExpRow, name: &str) -> String {
+pub fn column<R: Serialize>(row: &R, name: &str) -> String {
     match serde_json::to_value(row)
         .ok()
         .and_then(|v| v.get(name).cloned())
@@ -29,7 +31,7 @@ pub fn column(row: &ExpRow, name: &str) -> String {
     }
 }
 
-fn num(row: &ExpRow, name: &str) -> Option<f64> {
+fn num<R: Serialize>(row: &R, name: &str) -> Option<f64> {
     column(row, name).parse().ok()
 }
 
@@ -43,8 +45,15 @@ fn fmt_err(v: Option<f64>) -> String {
 
 /// Writes the .md and .svg beside `csv` and returns the summary.
 pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Report> {
-    let rows: Vec<ExpRow> = read_rows(csv)?;
-    let summary = tables(spec, &rows);
+    let (summary, nrows) = if spec.family == "quant" {
+        let rows: Vec<QuantRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (crate::exp_quant::tables(&rows), rows.len())
+    } else {
+        let rows: Vec<ExpRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (tables(spec, &rows), rows.len())
+    };
     let mut md = String::new();
     let _ = writeln!(md, "# {} — run {}\n", spec.name, prov.run_id);
     let _ = writeln!(md, "**Question.** {}\n", spec.question.trim());
@@ -70,7 +79,7 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
         "**Command.** `{}` — status {}, {} rows, {} → {}.\n",
         prov.command_line,
         prov.status,
-        rows.len(),
+        nrows,
         prov.started_at,
         prov.finished_at.as_deref().unwrap_or("–")
     );
@@ -78,8 +87,28 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
     let md_path = csv.with_extension("md");
     std::fs::write(&md_path, md)
         .map_err(HarnessError::io(format!("writing {}", md_path.display())))?;
-    plot(spec, &rows, prov, &csv.with_extension("svg"))?;
     Ok(Report { summary })
+}
+
+/// `<run-id>.svg` from `plot`, `<run-id>-2.svg`, ... from `extra_plots`.
+fn plots<R: Serialize>(
+    spec: &ExperimentSpec,
+    rows: &[R],
+    prov: &Provenance,
+    csv: &Path,
+) -> Result<()> {
+    plot(&spec.plot, rows, prov, &csv.with_extension("svg"))?;
+    let stem = csv.with_extension("");
+    for (i, p) in spec.extra_plots.iter().enumerate() {
+        let path = stem.with_file_name(format!(
+            "{}-{}.svg",
+            stem.file_name()
+                .map_or("run".into(), |n| n.to_string_lossy()),
+            i + 2
+        ));
+        plot(p, rows, prov, &path)?;
+    }
+    Ok(())
 }
 
 /// Markdown tables: measured rows per mode, speed-ups over the baseline, and what did not run.
@@ -219,11 +248,15 @@ fn plot_err(e: impl std::fmt::Display) -> HarnessError {
 }
 
 /// The SVG: panels × series, with the roofline where the metric has one.
-fn plot(spec: &ExperimentSpec, rows: &[ExpRow], prov: &Provenance, path: &Path) -> Result<()> {
-    let p = &spec.plot;
-    let rows: Vec<&ExpRow> = rows
+fn plot<R: Serialize>(p: &PlotSpec, rows: &[R], prov: &Provenance, path: &Path) -> Result<()> {
+    let rows: Vec<&R> = rows
         .iter()
-        .filter(|r| r.status == "ok" && p.filter.iter().all(|(k, v)| column(r, k) == *v))
+        .filter(|r| {
+            column(*r, "status") == "ok"
+                && p.filter
+                    .iter()
+                    .all(|(k, v)| v.split('|').any(|alt| column(*r, k) == alt))
+        })
         .collect();
     let mut panels: Vec<String> = rows.iter().map(|r| column(r, &p.panel)).collect();
     panels.sort();
@@ -241,31 +274,39 @@ fn plot(spec: &ExperimentSpec, rows: &[ExpRow], prov: &Provenance, path: &Path) 
                 .cloned()
                 .unwrap_or_else(|| "median_ms".into());
         let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for r in rows.iter().filter(|r| column(r, &p.panel) == *panel) {
-            if let (Some(x), Some(y)) = (num(r, &p.x), num(r, &metric)) {
-                series.entry(column(r, &p.series)).or_default().push((x, y));
+        for r in rows.iter().filter(|r| column(**r, &p.panel) == *panel) {
+            if let (Some(x), Some(y)) = (num(*r, &p.x), num(*r, &metric)) {
+                if !p.log_y || y > 0.0 {
+                    series
+                        .entry(column(*r, &p.series))
+                        .or_default()
+                        .push((x, y));
+                }
             }
         }
         let roof = match metric.as_str() {
             "gbps" => Some(("read bandwidth", prov.roofline.read_gbps)),
             "gflops" => Some(("FMA peak", prov.roofline.fma_gflops)),
-            "pct_roofline" => Some(("roofline", 100.0)),
+            "pct_roofline" | "pct_read_bw" => Some(("roofline", 100.0)),
             _ => None,
         };
         let pts = series.values().flatten();
         let (mut x0, mut x1, mut y1) =
             (f64::INFINITY, f64::NEG_INFINITY, roof.map_or(0.0, |r| r.1));
+        let mut y0 = f64::INFINITY;
         for &(x, y) in pts {
             x0 = x0.min(x);
             x1 = x1.max(x);
             y1 = y1.max(y);
+            y0 = y0.min(y);
         }
         if !x0.is_finite() {
-            (x0, x1, y1) = (1.0, 2.0, 1.0);
+            (x0, x1, y1, y0) = (1.0, 2.0, 1.0, 0.1);
         }
         if x1 <= x0 {
             x1 = x0 * 2.0;
         }
+        let small = y1 < 20.0;
         let filter: Vec<String> = p.filter.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let caption = if filter.is_empty() {
             format!("{} {panel}", p.panel)
@@ -286,7 +327,15 @@ fn plot(spec: &ExperimentSpec, rows: &[ExpRow], prov: &Provenance, path: &Path) 
                     .y_desc(metric.as_str())
                     .x_labels(8)
                     .x_label_formatter(&|x| format!("{x:.0}"))
-                    .y_label_formatter(&|y| format!("{y:.0}"))
+                    .y_label_formatter(&|y| {
+                        if p.log_y {
+                            format!("{y:.0e}")
+                        } else if small {
+                            format!("{y:.1}")
+                        } else {
+                            format!("{y:.0}")
+                        }
+                    })
                     .draw()
                     .map_err(plot_err)?;
                 for (i, (name, mut pts)) in series.into_iter().enumerate() {
@@ -324,14 +373,20 @@ fn plot(spec: &ExperimentSpec, rows: &[ExpRow], prov: &Provenance, path: &Path) 
                     .map_err(plot_err)?;
             }};
         }
-        if p.log_x {
-            draw!(b
+        let y_log = (y0 * 0.8)..(y1 * 1.25);
+        match (p.log_x, p.log_y) {
+            (true, false) => draw!(b
                 .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1 * 1.1)
-                .map_err(plot_err)?);
-        } else {
-            draw!(b
+                .map_err(plot_err)?),
+            (false, false) => draw!(b
                 .build_cartesian_2d(x0..x1, 0.0..y1 * 1.1)
-                .map_err(plot_err)?);
+                .map_err(plot_err)?),
+            (true, true) => draw!(b
+                .build_cartesian_2d((x0..x1).log_scale(), y_log.log_scale())
+                .map_err(plot_err)?),
+            (false, true) => draw!(b
+                .build_cartesian_2d(x0..x1, y_log.log_scale())
+                .map_err(plot_err)?),
         }
     }
     root.present().map_err(plot_err)?;

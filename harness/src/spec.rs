@@ -23,6 +23,34 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ("causal", "true | false (prefill only; decode/append are causal by position)"),
 ];
 
+/// Grid keys a quant experiment understands.
+pub const QUANT_GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "format",
+        "f32 | f16 | q8_0 | q4_0 | q4_1 | sym<bits>g<group>[s32] | asym<bits>g<group>[s32]",
+    ),
+    (
+        "shape",
+        "ROWSxCOLS of the weight matrix (out × in), e.g. 4096x11008",
+    ),
+    (
+        "weights",
+        "gaussian | outliers (8 input channels × 50) | outliers:CHANNELS:SCALE",
+    ),
+    ("batch", "activation vectors per call (1 = GEMV, decode)"),
+];
+
+/// Families an experiment spec may name.
+pub const EXPERIMENT_FAMILIES: &[&str] = &["attention", "quant"];
+
+/// The grid keys of `family`'s experiments.
+pub fn grid_keys(family: &str) -> &'static [(&'static str, &'static str)] {
+    match family {
+        "quant" => QUANT_GRID_KEYS,
+        _ => GRID_KEYS,
+    }
+}
+
 /// A spec file as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +68,9 @@ pub struct ExperimentSpec {
     #[serde(default)]
     pub reps: Option<usize>,
     pub plot: PlotSpec,
+    /// More plots, written as `<run-id>-2.svg`, `-3.svg`, ...
+    #[serde(default)]
+    pub extra_plots: Vec<PlotSpec>,
     #[serde(default)]
     pub report: ReportSpec,
 }
@@ -88,7 +119,7 @@ impl Default for Limits {
 
 /// What the SVG shows: one panel per value of `panel`, one line per value of `series`,
 /// `x` on the horizontal axis and `y[panel value]` (or `y["*"]`) vertically, rows filtered by
-/// `filter` (column = value).
+/// `filter` (column = value, or any of `v1|v2|...`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlotSpec {
@@ -100,6 +131,9 @@ pub struct PlotSpec {
     pub filter: BTreeMap<String, String>,
     #[serde(default = "yes")]
     pub log_x: bool,
+    /// Logarithmic vertical axis (errors spanning decades).
+    #[serde(default)]
+    pub log_y: bool,
 }
 
 fn yes() -> bool {
@@ -171,14 +205,16 @@ impl ExperimentSpec {
                 self.name
             )))
         };
-        if self.family != "attention" {
+        if !EXPERIMENT_FAMILIES.contains(&self.family.as_str()) {
             return bad(format!(
-                "unknown family '{}' (known: attention)",
-                self.family
+                "unknown family '{}' (known: {})",
+                self.family,
+                EXPERIMENT_FAMILIES.join(", ")
             ));
         }
+        let keys = grid_keys(&self.family);
         for key in self.grid.keys().chain(self.quick.keys()) {
-            if !GRID_KEYS.iter().any(|(k, _)| k == key) {
+            if !keys.iter().any(|(k, _)| k == key) {
                 return bad(format!("unknown grid key '{key}'"));
             }
         }
@@ -186,7 +222,11 @@ impl ExperimentSpec {
             return bad("no variants".into());
         }
         for v in &self.variants {
-            crate::registry::attention_kernel(v)?;
+            if self.family == "quant" {
+                crate::registry::quant_variant(v)?;
+            } else {
+                crate::registry::attention_kernel(v)?;
+            }
         }
         if self.claims.iter().any(|c| !is_claim_id(c)) {
             return bad("claims must be ids like C8".into());
@@ -210,9 +250,10 @@ impl ExperimentSpec {
                 grid.insert(k.clone(), vs.iter().map(value_text).collect());
             }
         }
+        let keys = grid_keys(&self.family);
         for (k, vs) in sets {
-            if !GRID_KEYS.iter().any(|(g, _)| g == k) {
-                let known: Vec<&str> = GRID_KEYS.iter().map(|(g, _)| *g).collect();
+            if !keys.iter().any(|(g, _)| g == k) {
+                let known: Vec<&str> = keys.iter().map(|(g, _)| *g).collect();
                 return Err(HarnessError::Usage(format!(
                     "unknown --set key '{k}' (known: {})",
                     known.join(", ")

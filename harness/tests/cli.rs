@@ -163,6 +163,37 @@ y = { decode = "gbps", prefill = "gflops" }
 baseline = "naive"
 "#;
 
+/// A tiny quant experiment: two formats against f32 weights (fused and faer), two batches.
+const TINY_QUANT: &str = r#"name = "tinyq"
+question = "Smoke test: quantised GEMV/GEMM against f32 weights."
+claims = ["C16", "C18"]
+family = "quant"
+variants = ["fused", "faer"]
+reps = 2
+
+[grid]
+format = ["q4_0", "f32", "sym3g32"]
+shape = ["40x96"]
+weights = ["gaussian", "outliers"]
+batch = [1, 5]
+
+[plot]
+x = "bits_per_weight"
+panel = "weights"
+series = "scheme"
+y = { "*" = "out_rel_err" }
+filter = { batch = "1" }
+log_x = false
+log_y = true
+
+[[extra_plots]]
+x = "batch"
+panel = "shape"
+series = "format"
+y = { "*" = "speedup_vs_f32" }
+filter = { weights = "gaussian", format = "q4_0|sym3g32" }
+"#;
+
 /// A temp experiments folder holding `tiny.toml`, and a temp results folder with the
 /// repository's rooflines copied in.
 struct Setup {
@@ -179,6 +210,7 @@ impl Setup {
         let results = tmp.join("results");
         fs::create_dir_all(&exps).unwrap();
         fs::write(exps.join("tiny.toml"), TINY).unwrap();
+        fs::write(exps.join("tinyq.toml"), TINY_QUANT).unwrap();
         let seeded = seed_roofline(&results);
         Setup {
             _tmp: tmp,
@@ -296,7 +328,64 @@ fn bad_family_and_threads_are_one_line() {
     s.expect_usage_error(&["check", "--threads", "0"], "--threads");
 }
 
+#[test]
+fn bad_quant_grids_are_one_line() {
+    let s = Setup::new("bad_quant");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "format=q5_0"], "q5_0");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "format=sym9g32"], "bits");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "shape=40x100"], "multiple");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "shape=40"], "ROWSxCOLS");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "batch=0"], "batch");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "weights=uniform"], "uniform");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "kv_len=64"], "kv_len");
+    s.expect_usage_error(&["exp", "tinyq", "--variant", "flash2"], "flash2");
+    s.expect_usage_error(&["exp", "tinyq", "--variant", "fused:isa=neon"], "isa");
+}
+
 // B. Happy path.
+
+#[test]
+fn tiny_quant_experiment_writes_rows_and_plots() {
+    let s = Setup::new("tiny_quant");
+    let out = s.run(&["exp", "tinyq", "--threads", "2"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "exp tinyq failed:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let dir = s.results.join("tinyq");
+    assert_eq!(files_with_ext(&dir, "svg").len(), 2, "plot and extra plot");
+    let csv_path = files_with_ext(&dir, "csv").remove(0);
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let (format, variant, status, speedup, snr) = (
+        column(&headers, "format"),
+        column(&headers, "variant"),
+        column(&headers, "status"),
+        column(&headers, "speedup_vs_f32"),
+        column(&headers, "w_snr_db"),
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    // 3 formats x fused + faer on f32 only, x 2 weights x 2 batches.
+    assert_eq!(rows.len(), 16, "{rows:?}");
+    for r in &rows {
+        assert_eq!(&r[status], "ok", "{r:?}");
+        assert!(
+            !r[speedup].is_empty(),
+            "every row has a speed-up over f32: {r:?}"
+        );
+        if &r[format] == "f32" {
+            assert_eq!(&r[snr], "inf");
+        } else {
+            assert_eq!(&r[variant], "fused", "faer runs f32 weights only: {r:?}");
+            let db: f64 = r[snr].parse().unwrap();
+            assert!(db > 5.0 && db < 60.0, "SNR of {}: {db}", &r[format]);
+        }
+    }
+    let md = fs::read_to_string(csv_path.with_extension("md")).unwrap();
+    assert!(
+        md.contains("## Quantisation error") && md.contains("sym3g32"),
+        "{md}"
+    );
+}
 
 fn column(headers: &csv::StringRecord, name: &str) -> usize {
     headers
@@ -516,7 +605,14 @@ fn list_names_variants_and_experiments() {
         "list failed:\n{}",
         text(&out.stderr)
     );
-    for name in ["flash2", "paged", "flash_vs_paged"] {
+    for name in [
+        "flash2",
+        "paged",
+        "flash_vs_paged",
+        "fused",
+        "quant_tradeoff",
+        "format",
+    ] {
         assert!(
             stdout.contains(name),
             "list does not mention {name}:\n{stdout}"

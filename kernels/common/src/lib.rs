@@ -10,6 +10,8 @@ pub mod device;
 pub mod dtype;
 /// The one error type of the workbench kernels.
 pub mod error;
+/// Dense f32 tile products (faer's `gemm` or `matrixmultiply`) and f16/bf16 widening.
+pub mod gemm;
 /// Seeded random inputs and NaN poisoning.
 pub mod inputs;
 /// Error metrics against an f64 reference and the per-dtype tolerance table.

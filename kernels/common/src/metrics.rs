@@ -72,6 +72,18 @@ pub struct Tolerance {
     pub max_abs: f64,
 }
 
+impl Tolerance {
+    /// The bound for a reference whose largest magnitude may exceed 1 (weights with outlier
+    /// channels): max |err| scales with max(1, max |ref|), rel L2 is unchanged.
+    pub fn scaled_to(self, reference: &[f64]) -> Tolerance {
+        let peak = reference.iter().fold(1.0f64, |m, r| m.max(r.abs()));
+        Tolerance {
+            rel_l2: self.rel_l2,
+            max_abs: self.max_abs * peak,
+        }
+    }
+}
+
 /// The tolerance table: f32 storage and accumulation; f16/bf16 storage with f32 accumulation.
 /// The reference sees exactly the rounded inputs the variant sees, so what remains is
 /// accumulation order and the rounding of the output to its storage type.
@@ -109,6 +121,13 @@ mod tests {
         let s = ErrorStats::compare(&[1.0, f32::NAN], &[1.0, 2.0]);
         assert_eq!(s.non_finite, 1);
         assert!(!s.passes(&tolerance(DType::BF16)));
+    }
+
+    #[test]
+    fn scaled_tolerance_follows_the_peak() {
+        let t = tolerance(DType::F32);
+        assert_eq!(t.scaled_to(&[0.5, -0.2]), t);
+        assert_eq!(t.scaled_to(&[10.0, -300.0]).max_abs, t.max_abs * 300.0);
     }
 
     #[test]

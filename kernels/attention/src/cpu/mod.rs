@@ -3,7 +3,8 @@
 
 /// FlashAttention-2 tiling with online softmax.
 pub mod flash2;
-/// Small dense products on f32 tiles and dtype widening shared by the variants.
-pub mod gemm;
+/// Small dense products on f32 tiles and dtype widening (shared with other families; lives in
+/// kernel-common).
+pub use kernel_common::gemm;
 /// Standard attention with the score matrix materialised per head.
 pub mod naive;

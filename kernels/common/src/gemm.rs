@@ -1,9 +1,9 @@
 //! Dense f32 products on tiles (C = α·A·B + β·C with arbitrary strides) through one of two
 //! well-kept GEMM crates — `matrixmultiply` (packed AVX2/FMA micro-kernels) or `gemm` from the
 //! faer project (AVX-512 micro-kernels where the CPU has them) — and widening of f16/bf16
-//! storage into f32 scratch: the building blocks the attention variants share.
+//! storage into f32 scratch: the building blocks the attention and quantisation kernels share.
 
-use kernel_common::Element;
+use crate::Element;
 
 /// Row/column strides of a matrix view in elements.
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +167,61 @@ pub fn sgemm_with(
             c.as_mut_ptr(),
             ldc as isize,
             1,
+        );
+    }
+}
+
+/// C[m×n] = A[m×k]·B[k×n] by faer's `gemm`, split over the rayon pool (one whole-problem call,
+/// for baselines that should use a library's own blocking and threading).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_parallel(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    sa: Strides,
+    b: &[f32],
+    sb: Strides,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        k == 0 || a.len() > sa.last_index(m, k),
+        "A view out of bounds"
+    );
+    assert!(
+        k == 0 || b.len() > sb.last_index(k, n),
+        "B view out of bounds"
+    );
+    assert!(
+        c.len() > (m - 1) * ldc + n - 1 && n <= ldc,
+        "C view out of bounds"
+    );
+    // SAFETY: the asserts above keep every access of the three views inside the slices.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            false,
+            a.as_ptr(),
+            sa.col as isize,
+            sa.row as isize,
+            b.as_ptr(),
+            sb.col as isize,
+            sb.row as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(rayon::current_num_threads()),
         );
     }
 }

@@ -1,0 +1,476 @@
+//! `harness exp` for the quant family: for each weight shape and distribution, quantise the
+//! same f32 matrix into every format of the grid (untimed, its error against the originals
+//! recorded), then for each batch size multiply it with the same seeded activations: check
+//! sampled outputs against the f64 product of the dequantised weights (correctness), measure
+//! how far they are from the f64 product of the original weights (what quantisation costs),
+//! and time the call with caches flushed. Speed-ups are over the f32 (and f16) weights of the
+//! same run, at the same shape and batch.
+
+use crate::error::{HarnessError, Result};
+use crate::exp::{progress_bar, ExpOptions, RunFiles};
+use crate::measure::{time_reps, CacheFlusher};
+use crate::roofline::Roofline;
+use crate::spec::{ExperimentSpec, Limits};
+use kernel_common::inputs::{derive_seed, normal_buffer_par};
+use kernel_common::{tolerance, DType, ErrorStats, KernelError};
+use quant_kernels::{
+    matvec::cost, reference, MatVecVariant, QuantError, QuantMatrix, WeightDist, WeightFormat,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+/// One variant × format × shape × weights × batch. Column names are stable.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QuantRow {
+    pub run_id: String,
+    pub experiment: String,
+    pub variant: String,
+    pub format: String,
+    /// dense | ggml | sym g<group> | asym g<group> (one line per scheme in the plots)
+    pub scheme: String,
+    pub bits: u8,
+    pub bits_per_weight: f64,
+    pub rows: usize,
+    pub cols: usize,
+    pub shape: String,
+    pub weights: String,
+    pub batch: usize,
+    pub threads: usize,
+    pub device: String,
+    /// ok | fail (wrong output) | error
+    pub status: String,
+    pub reps: usize,
+    pub median_ms: Option<f64>,
+    pub p10_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub gbps: Option<f64>,
+    pub gflops: Option<f64>,
+    /// Achieved GB/s as % of the run's measured read bandwidth.
+    pub pct_read_bw: Option<f64>,
+    /// Median of the fastest f32-weight row measured before this one at the same shape,
+    /// weights and batch (our fused kernel or faer's GEMM) / this row's median.
+    pub speedup_vs_f32: Option<f64>,
+    pub speedup_vs_f16: Option<f64>,
+    pub weight_bytes: u64,
+    pub bytes: u64,
+    pub flops: u64,
+    /// Dequantised vs original weights.
+    pub w_rmse: f64,
+    pub w_max_abs: f64,
+    pub w_snr_db: f64,
+    /// Relative L2 distance of the sampled outputs from the f64 product with the original
+    /// (unquantised) weights: the error quantisation adds to the layer's output.
+    pub out_rel_err: Option<f64>,
+    /// Against the f64 product of the dequantised weights (the correctness check).
+    pub max_abs_err: Option<f64>,
+    pub rel_l2_err: Option<f64>,
+    pub checked_outputs: usize,
+    pub quantize_ms: f64,
+    pub seed: u64,
+    pub note: String,
+}
+
+/// The grid of a quant experiment, parsed and validated.
+struct QuantGrid {
+    formats: Vec<WeightFormat>,
+    shapes: Vec<(usize, usize)>,
+    dists: Vec<WeightDist>,
+    batches: Vec<usize>,
+}
+
+fn usage(e: impl std::fmt::Display) -> HarnessError {
+    HarnessError::Usage(e.to_string())
+}
+
+fn parse_shape(text: &str) -> Result<(usize, usize)> {
+    text.split_once('x')
+        .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
+        .filter(|&(r, c): &(usize, usize)| r > 0 && c > 0)
+        .ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "shape '{text}' is not ROWSxCOLS with both > 0 (e.g. 4096x11008)"
+            ))
+        })
+}
+
+impl QuantGrid {
+    fn parse(grid: &BTreeMap<String, Vec<String>>) -> Result<QuantGrid> {
+        let list = |key: &str, default: &str| -> Vec<String> {
+            grid.get(key)
+                .cloned()
+                .unwrap_or_else(|| vec![default.to_string()])
+        };
+        let mut formats = list("format", "q4_0")
+            .iter()
+            .map(|f| WeightFormat::parse(f).map_err(usage))
+            .collect::<Result<Vec<_>>>()?;
+        // The baselines run first so every later row can carry its speed-up.
+        formats.sort_by_key(|f| match f {
+            WeightFormat::F32 => 0,
+            WeightFormat::F16 => 1,
+            _ => 2,
+        });
+        formats.dedup();
+        let shapes = list("shape", "4096x4096")
+            .iter()
+            .map(|s| parse_shape(s))
+            .collect::<Result<Vec<_>>>()?;
+        let dists = list("weights", "gaussian")
+            .iter()
+            .map(|d| WeightDist::parse(d).map_err(usage))
+            .collect::<Result<Vec<_>>>()?;
+        let batches = list("batch", "1")
+            .iter()
+            .map(|b| match b.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(HarnessError::Usage(format!(
+                    "batch '{b}' is not a positive integer"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for &(_, cols) in &shapes {
+            for f in &formats {
+                f.validate(cols).map_err(usage)?;
+            }
+        }
+        Ok(QuantGrid {
+            formats,
+            shapes,
+            dists,
+            batches,
+        })
+    }
+
+    /// Rows the run will write: unsupported (variant, format) pairs are left out.
+    fn rows(&self, variants: &[(String, MatVecVariant)]) -> usize {
+        let pairs = self
+            .formats
+            .iter()
+            .flat_map(|f| variants.iter().map(move |(_, v)| (*f, *v)))
+            .filter(|&(f, v)| quant_kernels::supports(v, f).is_ok())
+            .count();
+        pairs * self.shapes.len() * self.dists.len() * self.batches.len()
+    }
+}
+
+/// `dense`, `ggml`, `sym g32`, `asym g128`.
+fn scheme(f: WeightFormat) -> String {
+    match f {
+        WeightFormat::F32 | WeightFormat::F16 => "dense".into(),
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => "ggml".into(),
+        WeightFormat::Sym { group, .. } => format!("sym g{group}"),
+        WeightFormat::Asym { group, .. } => format!("asym g{group}"),
+    }
+}
+
+/// Output rows whose products are checked: 16 spread over the matrix, first and last included.
+fn sample_rows(rows: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..16).map(|i| i * (rows - 1) / 15).collect();
+    v.dedup();
+    v
+}
+
+/// f64 products of the original f32 weights' `rows` with every activation vector.
+fn dense_reference(w: &[f32], cols: usize, x: &[f32], batch: usize, rows: &[usize]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(batch * rows.len());
+    for b in 0..batch {
+        let xb = &x[b * cols..(b + 1) * cols];
+        for &r in rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            out.push(wr.iter().zip(xb).map(|(&a, &v)| a as f64 * v as f64).sum());
+        }
+    }
+    out
+}
+
+/// Runs a quant-family experiment (called by `exp::run` once the spec and grid are loaded).
+pub fn run(
+    opts: &ExpOptions,
+    spec: &ExperimentSpec,
+    spec_path: &Path,
+    grid: BTreeMap<String, Vec<String>>,
+    names: &[String],
+    reps: usize,
+) -> Result<i32> {
+    let qgrid = QuantGrid::parse(&grid)?;
+    let variants = names
+        .iter()
+        .map(|v| crate::registry::quant_variant(v))
+        .collect::<Result<Vec<_>>>()?;
+    crate::require_device(
+        opts.device,
+        std::iter::once(Err(KernelError::Unsupported(
+            "the quant family has no CUDA implementation yet".into(),
+        ))),
+    )?;
+    let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
+    let bar = progress_bar(qgrid.rows(&variants));
+    let mut flusher = CacheFlusher::new();
+    let mut failures = 0;
+    for (si, &(rows, cols)) in qgrid.shapes.iter().enumerate() {
+        for (di, dist) in qgrid.dists.iter().enumerate() {
+            let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
+            bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
+            let w = dist.sample(rows, cols, seed);
+            let sampled = sample_rows(rows);
+            let inputs: Vec<(Vec<f32>, Vec<f64>)> = qgrid
+                .batches
+                .iter()
+                .map(|&batch| {
+                    let x = normal_buffer_par(
+                        derive_seed(seed, 1000 + batch as u64),
+                        DType::F32,
+                        batch * cols,
+                    )
+                    .to_f32();
+                    let want = dense_reference(&w, cols, &x, batch, &sampled);
+                    (x, want)
+                })
+                .collect();
+            let mut baselines: HashMap<(WeightFormat, usize), f64> = HashMap::new();
+            for &format in &qgrid.formats {
+                bar.set_message(format!("quantising {rows}x{cols} to {format}"));
+                let started = Instant::now();
+                let quantised = QuantMatrix::quantize(format, rows, cols, &w);
+                let quantize_ms = started.elapsed().as_secs_f64() * 1e3;
+                let werr = quantised
+                    .as_ref()
+                    .map(|m| QuantError::measure(&w, &m.dequantize()))
+                    .ok();
+                for (bi, &batch) in qgrid.batches.iter().enumerate() {
+                    for (vname, variant) in &variants {
+                        if quant_kernels::supports(*variant, format).is_err() {
+                            continue;
+                        }
+                        let mut row = QuantRow {
+                            run_id: run.run_id.clone(),
+                            experiment: spec.name.clone(),
+                            variant: vname.clone(),
+                            format: format.to_string(),
+                            scheme: scheme(format),
+                            bits: format.bits(),
+                            bits_per_weight: format.bits_per_weight(),
+                            rows,
+                            cols,
+                            shape: format!("{rows}x{cols}"),
+                            weights: dist.name(),
+                            batch,
+                            threads: rayon::current_num_threads(),
+                            device: opts.device.to_string(),
+                            status: String::new(),
+                            reps: 0,
+                            median_ms: None,
+                            p10_ms: None,
+                            p90_ms: None,
+                            gbps: None,
+                            gflops: None,
+                            pct_read_bw: None,
+                            speedup_vs_f32: None,
+                            speedup_vs_f16: None,
+                            weight_bytes: (rows * format.row_bytes(cols)) as u64,
+                            bytes: 0,
+                            flops: 0,
+                            w_rmse: werr.map_or(f64::NAN, |e| e.rmse),
+                            w_max_abs: werr.map_or(f64::NAN, |e| e.max_abs),
+                            w_snr_db: werr.map_or(f64::NAN, |e| e.snr_db),
+                            out_rel_err: None,
+                            max_abs_err: None,
+                            rel_l2_err: None,
+                            checked_outputs: 0,
+                            quantize_ms,
+                            seed,
+                            note: String::new(),
+                        };
+                        bar.set_message(format!("{} b{batch} {vname}", row.format));
+                        match &quantised {
+                            Err(e) => {
+                                row.status = "error".into();
+                                row.note = e.to_string();
+                            }
+                            Ok(m) => {
+                                let point = Point {
+                                    m,
+                                    x: &inputs[bi].0,
+                                    want_dense: &inputs[bi].1,
+                                    sampled: &sampled,
+                                    batch,
+                                };
+                                point.measure(
+                                    *variant,
+                                    reps,
+                                    &spec.limits,
+                                    &mut flusher,
+                                    &run.roof,
+                                    &mut row,
+                                );
+                                if let Some(t) = row.median_ms.filter(|_| row.status == "ok") {
+                                    let best = baselines.entry((format, batch)).or_insert(t);
+                                    *best = best.min(t);
+                                }
+                                let over = |f| {
+                                    baselines
+                                        .get(&(f, batch))
+                                        .zip(row.median_ms)
+                                        .map(|(b, t)| b / t)
+                                };
+                                row.speedup_vs_f32 = over(WeightFormat::F32);
+                                row.speedup_vs_f16 = over(WeightFormat::F16);
+                            }
+                        }
+                        if row.status == "fail" {
+                            failures += 1;
+                        }
+                        run.writer.write(&row)?;
+                        bar.inc(1);
+                    }
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    run.finish::<QuantRow>(spec, opts.format, failures)
+}
+
+/// One product to check and time.
+struct Point<'a> {
+    m: &'a QuantMatrix,
+    x: &'a [f32],
+    want_dense: &'a [f64],
+    sampled: &'a [usize],
+    batch: usize,
+}
+
+impl Point<'_> {
+    fn measure(
+        &self,
+        variant: MatVecVariant,
+        reps: usize,
+        limits: &Limits,
+        flusher: &mut CacheFlusher,
+        roof: &Roofline,
+        row: &mut QuantRow,
+    ) {
+        let (m, batch) = (self.m, self.batch);
+        let c = cost(m, batch);
+        (row.bytes, row.flops) = (c.bytes, c.flops);
+        let mut y = vec![f32::NAN; batch * m.rows];
+        if let Err(e) = quant_kernels::matmul(m, self.x, batch, &mut y, variant) {
+            row.status = "error".into();
+            row.note = e.to_string();
+            return;
+        }
+        let got: Vec<f32> = (0..batch)
+            .flat_map(|b| self.sampled.iter().map(move |&r| (b, r)))
+            .map(|(b, r)| y[b * m.rows + r])
+            .collect();
+        let want = reference::matmul_rows(m, self.x, batch, self.sampled);
+        let stats = ErrorStats::compare(&got, &want);
+        row.max_abs_err = Some(stats.max_abs);
+        row.rel_l2_err = Some(stats.rel_l2);
+        row.checked_outputs = got.len();
+        row.out_rel_err = Some(ErrorStats::compare(&got, self.want_dense).rel_l2);
+        let unwritten = y.iter().filter(|v| !v.is_finite()).count();
+        let passed = unwritten == 0 && stats.passes(&tolerance(DType::F32).scaled_to(&want));
+        match time_reps(reps, limits.seconds_per_point, flusher, || {
+            quant_kernels::matmul(m, self.x, batch, &mut y, variant)
+        }) {
+            Ok(t) => {
+                let median = t.median();
+                row.reps = t.samples.len();
+                row.median_ms = Some(median * 1e3);
+                row.p10_ms = Some(t.percentile(10.0) * 1e3);
+                row.p90_ms = Some(t.percentile(90.0) * 1e3);
+                row.gbps = Some(c.bytes as f64 / median / 1e9);
+                row.gflops = Some(c.flops as f64 / median / 1e9);
+                row.pct_read_bw = Some(100.0 * c.bytes as f64 / median / 1e9 / roof.read_gbps);
+                row.status = if passed { "ok" } else { "fail" }.into();
+                if unwritten > 0 {
+                    row.note = format!("{unwritten} outputs non-finite (unwritten or NaN)");
+                }
+            }
+            Err(e) => {
+                row.status = "error".into();
+                row.note = e.to_string();
+            }
+        }
+    }
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |x| format!("{x:.digits$}"))
+}
+
+/// The markdown tables of a quant run: errors per format, the batch-1 GEMV, and speed-ups
+/// over f32 weights by batch size.
+pub fn tables(rows: &[QuantRow]) -> String {
+    let mut md = String::new();
+    let ok: Vec<&QuantRow> = rows
+        .iter()
+        .filter(|r| r.status == "ok" || r.status == "fail")
+        .collect();
+    let first_batch = ok.iter().map(|r| r.batch).min().unwrap_or(1);
+    let _ = writeln!(
+        md,
+        "## Quantisation error (per format; output error at batch {first_batch})\n"
+    );
+    let _ = writeln!(md, "| shape | weights | format | bits/weight | weight RMSE | max abs | SNR dB | output rel err |\n|---|---|---|---|---|---|---|---|");
+    for r in ok
+        .iter()
+        .filter(|r| r.batch == first_batch && r.variant == ok[0].variant)
+    {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.3} | {:.2e} | {:.2e} | {:.1} | {} |",
+            r.shape,
+            r.weights,
+            r.format,
+            r.bits_per_weight,
+            r.w_rmse,
+            r.w_max_abs,
+            r.w_snr_db,
+            r.out_rel_err.map_or("–".into(), |e| format!("{e:.2e}"))
+        );
+    }
+    let _ = writeln!(md, "\n## Timing\n");
+    let _ = writeln!(md, "| shape | weights | batch | format | variant | median ms | p10–p90 ms | GB/s | % read BW | GFLOP/s | × f32 | × f16 | rel L2 vs ref | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &ok {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} | {} | {} | {} |",
+            r.shape,
+            r.weights,
+            r.batch,
+            r.format,
+            r.variant,
+            opt(r.median_ms, 3),
+            opt(r.p10_ms, 3),
+            opt(r.p90_ms, 3),
+            opt(r.gbps, 1),
+            opt(r.pct_read_bw, 0),
+            opt(r.gflops, 1),
+            opt(r.speedup_vs_f32, 2),
+            opt(r.speedup_vs_f16, 2),
+            r.rel_l2_err.map_or("–".into(), |e| format!("{e:.1e}")),
+            r.status
+        );
+    }
+    let bad: Vec<&QuantRow> = rows.iter().filter(|r| r.status != "ok").collect();
+    if !bad.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Rows not passing\n\n| format | shape | batch | status | why |\n|---|---|---|---|---|"
+        );
+        for r in bad {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                r.format, r.shape, r.batch, r.status, r.note
+            );
+        }
+    }
+    md.push('\n');
+    md
+}

@@ -1,0 +1,100 @@
+//! Group quantisation of weight matrices and the products that read them: symmetric and
+//! asymmetric int2–8 groups (claims C16–C18), ggml's Q8_0/Q4_0/Q4_1 blocks byte for byte as
+//! llama.cpp writes them, and Y = X·Wᵀ fused with dequantisation (GEMV at batch 1, tiled GEMM
+//! above) against f32 and f16 weight baselines, with an f64 reference.
+
+/// AVX-512 in-register decode + dot kernels.
+pub mod avx512;
+/// Weight formats and byte layouts.
+pub mod format;
+/// ggml Q8_0/Q4_0/Q4_1 block codecs.
+pub mod ggml;
+/// Symmetric/asymmetric b-bit groups and LSB-first bit packing.
+pub mod group;
+/// A weight matrix in some format: quantise, adopt bytes, decode.
+pub mod matrix;
+/// Fused dequant GEMV/GEMM and the unfused baseline.
+pub mod matvec;
+/// The f64 reference product.
+pub mod reference;
+/// Random weights (Gaussian, outlier channels) for checks and experiments.
+pub mod weights;
+
+pub use format::{ScaleType, WeightFormat};
+pub use matrix::{QuantError, QuantMatrix};
+pub use matvec::{matmul, supports, Isa, MatVecVariant};
+pub use weights::WeightDist;
+
+use kernel_common::{error::Result, KernelError, VariantSpec};
+
+/// Variants of the quant family (`--variant NAME[:key=value]`).
+pub const VARIANTS: &[(&str, &str)] = &[
+    (
+        "fused",
+        "dequantise on the fly: in-register GEMV at batch 1, decoded-tile GEMM above; param isa (auto | portable)",
+    ),
+    (
+        "dequant",
+        "unfused baseline: dequantise all of W to f32 every call, then the f32 product",
+    ),
+    (
+        "faer",
+        "library baseline, f32 weights only: one whole-matrix faer GEMM (its packing, rayon threads)",
+    ),
+];
+
+/// The variant for `spec`, or `None` when the name is not ours.
+pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<MatVecVariant>> {
+    match spec.name.as_str() {
+        "fused" => {
+            spec.only(&["isa"])?;
+            match spec.params.get("isa").map_or("auto", String::as_str) {
+                "auto" => Ok(Some(MatVecVariant::Fused(Isa::Auto))),
+                "portable" => Ok(Some(MatVecVariant::Fused(Isa::Portable))),
+                other => Err(KernelError::Unsupported(format!(
+                    "fused: isa must be auto or portable, got '{other}'"
+                ))),
+            }
+        }
+        "dequant" => {
+            spec.only(&[])?;
+            Ok(Some(MatVecVariant::Dequant))
+        }
+        "faer" => {
+            spec.only(&[])?;
+            Ok(Some(MatVecVariant::Faer))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// One product problem: `batch` activations against a `rows` × `cols` weight matrix stored
+/// as `format`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MatVecShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub batch: usize,
+    pub format: WeightFormat,
+}
+
+impl MatVecShape {
+    /// Checks sizes and that the format can store rows of `cols`.
+    pub fn validate(&self) -> Result<()> {
+        if self.rows == 0 || self.batch == 0 {
+            return Err(KernelError::InvalidShape(format!(
+                "rows ({}) and batch ({}) must be > 0",
+                self.rows, self.batch
+            )));
+        }
+        self.format.validate(self.cols)
+    }
+
+    /// `4096x4096 b1 q4_0`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}x{} b{} {}",
+            self.rows, self.cols, self.batch, self.format
+        )
+    }
+}
