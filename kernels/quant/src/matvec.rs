@@ -350,7 +350,7 @@ fn row_portable(w: &QuantMatrix, r: usize, x: &[f32], scratch: &mut (Vec<f32>, V
     for (k, xs) in x.chunks(span).enumerate() {
         let part = &mut vals[..xs.len()];
         w.decode_row_range(r, k * span, part, codes);
-        sum += kernel_common::simd::dot(part, xs);
+        sum += kernel_common::simd::dot_plain(part, xs);
     }
     sum
 }
