@@ -57,9 +57,12 @@ unsafe fn rows_dot_impl<H: Affine, const BITS: u32, const SIGNED: bool, const R:
         let mut xv = _mm512_setzero_ps();
         let mut bacc = [_mm512_setzero_ps(); R];
         for c in 0..values / chunk {
-            let wide: [__m512i; R] = std::array::from_fn(|r| {
-                widen::<SIGNED>(rows[r].add(blk * bytes + header + c * 16))
-            });
+            // Plain loops, not `array::from_fn`: a closure is a function of its own, without
+            // this function's target features, so the intrinsics inside it are not inlined.
+            let mut wide = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                wide[r] = widen::<SIGNED>(rows[r].add(blk * bytes + header + c * 16));
+            }
             for k in 0..per_byte {
                 let xk = _mm512_loadu_ps(xb.add(c * chunk + 16 * k as usize));
                 xv = _mm512_add_ps(xv, xk);
@@ -78,7 +81,11 @@ unsafe fn rows_dot_impl<H: Affine, const BITS: u32, const SIGNED: bool, const R:
             }
         }
     }
-    std::array::from_fn(|r| _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r])))
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc_b[r]));
+    }
+    out
 }
 
 /// y_r = Σ_k w_rk·x_k for R rows of little-endian f16 weights (`vcvtph2ps` then FMA).
@@ -107,11 +114,13 @@ pub unsafe fn f16_rows_dot<const R: usize>(rows: [&[u8]; R], x: &[f32]) -> [f32;
             acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(h), xv, acc[r]);
         }
     }
-    std::array::from_fn(|r| {
+    let mut out = [0.0f32; R];
+    for r in 0..R {
         let mut s = _mm512_reduce_add_ps(acc[r]);
         for (k, xv) in x.iter().enumerate().skip(full) {
             s += crate::ggml::f16_at(&rows[r][2 * k..]) * xv;
         }
-        s
-    })
+        out[r] = s;
+    }
+    out
 }

@@ -66,12 +66,18 @@ unsafe fn rows_tile_impl<
             bv[r] = _mm512_set1_ps(b - a * plan.offset);
         }
         for c in 0..values / chunk {
-            let wide: [__m512i; R] = std::array::from_fn(|r| {
-                widen::<SIGNED>(rows[r].add(blk * bytes + header + c * 16))
-            });
+            // Plain loops, not `array::from_fn`: a closure does not inherit this function's
+            // target features, so intrinsics inside one are calls, not instructions.
+            let mut wide = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                wide[r] = widen::<SIGNED>(rows[r].add(blk * bytes + header + c * 16));
+            }
             for k in 0..per_byte {
                 let at = blk * values + c * chunk + 16 * k as usize;
-                let xk: [__m512; B] = std::array::from_fn(|b| _mm512_loadu_ps(xs[b].add(at)));
+                let mut xk = [_mm512_setzero_ps(); B];
+                for b in 0..B {
+                    xk[b] = _mm512_loadu_ps(xs[b].add(at));
+                }
                 for r in 0..R {
                     let w = _mm512_fmadd_ps(codes::<BITS>(wide[r], k), av[r], bv[r]);
                     for b in 0..B {
@@ -81,7 +87,13 @@ unsafe fn rows_tile_impl<
             }
         }
     }
-    std::array::from_fn(|r| std::array::from_fn(|b| _mm512_reduce_add_ps(acc[r][b])))
+    let mut out = [[0.0f32; B]; R];
+    for r in 0..R {
+        for b in 0..B {
+            out[r][b] = _mm512_reduce_add_ps(acc[r][b]);
+        }
+    }
+    out
 }
 
 /// out[r][b] = Σ_k w_rk·x_bk for dense rows of `cols` f32 (`F16 = false`) or f16 values.
@@ -103,14 +115,6 @@ pub unsafe fn dense_tile<const R: usize, const B: usize, const F16: bool>(
     for x in xs {
         assert!(x.len() >= cols);
     }
-    let load = |r: usize, k: usize| -> __m512 {
-        let p = rows[r].as_ptr().add(width * k);
-        if F16 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-        } else {
-            _mm512_loadu_ps(p as *const f32)
-        }
-    };
     let mut acc = [[_mm512_setzero_ps(); B]; R];
     let full = cols / 16 * 16;
     for k in (0..full).step_by(16) {
@@ -120,16 +124,25 @@ pub unsafe fn dense_tile<const R: usize, const B: usize, const F16: bool>(
                 _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
             }
         }
-        let xk: [__m512; B] = std::array::from_fn(|b| _mm512_loadu_ps(xs[b].as_ptr().add(k)));
+        let mut xk = [_mm512_setzero_ps(); B];
+        for b in 0..B {
+            xk[b] = _mm512_loadu_ps(xs[b].as_ptr().add(k));
+        }
         for r in 0..R {
-            let w = load(r, k);
+            let p = rows[r].as_ptr().add(width * k);
+            let w = if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+            } else {
+                _mm512_loadu_ps(p as *const f32)
+            };
             for b in 0..B {
                 acc[r][b] = _mm512_fmadd_ps(w, xk[b], acc[r][b]);
             }
         }
     }
-    std::array::from_fn(|r| {
-        std::array::from_fn(|b| {
+    let mut out = [[0.0f32; B]; R];
+    for r in 0..R {
+        for b in 0..B {
             let mut s = _mm512_reduce_add_ps(acc[r][b]);
             for k in full..cols {
                 let p = &rows[r][width * k..];
@@ -140,7 +153,8 @@ pub unsafe fn dense_tile<const R: usize, const B: usize, const F16: bool>(
                 };
                 s += w * xs[b][k];
             }
-            s
-        })
-    })
+            out[r][b] = s;
+        }
+    }
+    out
 }
