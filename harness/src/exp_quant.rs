@@ -3,12 +3,13 @@
 //! recorded), then for each batch size multiply it with the same seeded activations: check
 //! sampled outputs against the f64 product of the dequantised weights (correctness), measure
 //! how far they are from the f64 product of the original weights (what quantisation costs),
-//! and time the call with caches flushed. Speed-ups are over the f32 (and f16) weights of the
-//! same run, at the same shape and batch.
+//! and time the calls with caches flushed, round-robin over every format and variant of the
+//! point (see `time_interleaved`). Speed-ups are over the f32 (and f16) weights of the same
+//! point, timed in the same rounds.
 
 use crate::error::{HarnessError, Result};
 use crate::exp::{progress_bar, ExpOptions, RunFiles};
-use crate::measure::{time_reps, CacheFlusher};
+use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::roofline::Roofline;
 use crate::spec::{ExperimentSpec, Limits};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
@@ -17,7 +18,7 @@ use quant_kernels::{
     matvec::cost, reference, MatVecVariant, QuantError, QuantMatrix, WeightDist, WeightFormat,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
@@ -50,8 +51,8 @@ pub struct QuantRow {
     pub gflops: Option<f64>,
     /// Achieved GB/s as % of the run's measured read bandwidth.
     pub pct_read_bw: Option<f64>,
-    /// Median of the fastest f32-weight row measured before this one at the same shape,
-    /// weights and batch (our fused kernel or faer's GEMM) / this row's median.
+    /// Median of the fastest f32-weight row of the same shape, weights and batch (our fused
+    /// kernel or faer's GEMM, timed round-robin with this one) / this row's median.
     pub speedup_vs_f32: Option<f64>,
     pub speedup_vs_f16: Option<f64>,
     pub weight_bytes: u64,
@@ -221,33 +222,31 @@ pub fn run(
             bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
             let w = dist.sample(rows, cols, seed);
             let sampled = sample_rows(rows);
-            let inputs: Vec<(Vec<f32>, Vec<f64>)> = qgrid
-                .batches
-                .iter()
-                .map(|&batch| {
-                    let x = normal_buffer_par(
-                        derive_seed(seed, 1000 + batch as u64),
-                        DType::F32,
-                        batch * cols,
-                    )
-                    .to_f32();
-                    let want = dense_reference(&w, cols, &x, batch, &sampled);
-                    (x, want)
-                })
-                .collect();
-            let mut baselines: HashMap<(WeightFormat, usize), f64> = HashMap::new();
+            // Every format of this (shape, weights), quantised once (untimed).
+            let mut stored = vec![];
             for &format in &qgrid.formats {
                 bar.set_message(format!("quantising {rows}x{cols} to {format}"));
                 let started = Instant::now();
-                let quantised = QuantMatrix::quantize(format, rows, cols, &w);
-                let quantize_ms = started.elapsed().as_secs_f64() * 1e3;
-                let werr = quantised
+                let m = QuantMatrix::quantize(format, rows, cols, &w);
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                let err = m
                     .as_ref()
                     .map(|m| QuantError::measure(&w, &m.dequantize()))
                     .ok();
-                for (bi, &batch) in qgrid.batches.iter().enumerate() {
+                stored.push((format, m, ms, err));
+            }
+            for &batch in &qgrid.batches {
+                let x = normal_buffer_par(
+                    derive_seed(seed, 1000 + batch as u64),
+                    DType::F32,
+                    batch * cols,
+                )
+                .to_f32();
+                let want_dense = dense_reference(&w, cols, &x, batch, &sampled);
+                let mut point: Vec<(QuantRow, Option<(&QuantMatrix, MatVecVariant)>)> = vec![];
+                for (format, m, quantize_ms, err) in &stored {
                     for (vname, variant) in &variants {
-                        if quant_kernels::supports(*variant, format).is_err() {
+                        if quant_kernels::supports(*variant, *format).is_err() {
                             continue;
                         }
                         let mut row = QuantRow {
@@ -255,7 +254,7 @@ pub fn run(
                             experiment: spec.name.clone(),
                             variant: vname.clone(),
                             format: format.to_string(),
-                            scheme: scheme(format),
+                            scheme: scheme(*format),
                             bits: format.bits(),
                             bits_per_weight: format.bits_per_weight(),
                             rows,
@@ -278,59 +277,54 @@ pub fn run(
                             weight_bytes: (rows * format.row_bytes(cols)) as u64,
                             bytes: 0,
                             flops: 0,
-                            w_rmse: werr.map_or(f64::NAN, |e| e.rmse),
-                            w_max_abs: werr.map_or(f64::NAN, |e| e.max_abs),
-                            w_snr_db: werr.map_or(f64::NAN, |e| e.snr_db),
+                            w_rmse: err.map_or(f64::NAN, |e| e.rmse),
+                            w_max_abs: err.map_or(f64::NAN, |e| e.max_abs),
+                            w_snr_db: err.map_or(f64::NAN, |e| e.snr_db),
                             out_rel_err: None,
                             max_abs_err: None,
                             rel_l2_err: None,
                             checked_outputs: 0,
-                            quantize_ms,
+                            quantize_ms: *quantize_ms,
                             seed,
                             note: String::new(),
                         };
-                        bar.set_message(format!("{} b{batch} {vname}", row.format));
-                        match &quantised {
+                        bar.set_message(format!("checking {format} b{batch} {vname}"));
+                        let timed = match m {
                             Err(e) => {
                                 row.status = "error".into();
                                 row.note = e.to_string();
+                                None
                             }
                             Ok(m) => {
-                                let point = Point {
+                                let check = Check {
                                     m,
-                                    x: &inputs[bi].0,
-                                    want_dense: &inputs[bi].1,
+                                    x: &x,
+                                    want_dense: &want_dense,
                                     sampled: &sampled,
                                     batch,
                                 };
-                                point.measure(
-                                    *variant,
-                                    reps,
-                                    &spec.limits,
-                                    &mut flusher,
-                                    &run.roof,
-                                    &mut row,
-                                );
-                                if let Some(t) = row.median_ms.filter(|_| row.status == "ok") {
-                                    let best = baselines.entry((format, batch)).or_insert(t);
-                                    *best = best.min(t);
-                                }
-                                let over = |f| {
-                                    baselines
-                                        .get(&(f, batch))
-                                        .zip(row.median_ms)
-                                        .map(|(b, t)| b / t)
-                                };
-                                row.speedup_vs_f32 = over(WeightFormat::F32);
-                                row.speedup_vs_f16 = over(WeightFormat::F16);
+                                check.run(*variant, &mut row).then_some((m, *variant))
                             }
-                        }
-                        if row.status == "fail" {
-                            failures += 1;
-                        }
-                        run.writer.write(&row)?;
-                        bar.inc(1);
+                        };
+                        point.push((row, timed));
                     }
+                }
+                bar.set_message(format!("timing {rows}x{cols} {} b{batch}", dist.name()));
+                time_interleaved(
+                    &mut point,
+                    &x,
+                    batch,
+                    reps,
+                    &spec.limits,
+                    &mut flusher,
+                    &run.roof,
+                );
+                for (row, _) in &point {
+                    if row.status == "fail" {
+                        failures += 1;
+                    }
+                    run.writer.write(row)?;
+                    bar.inc(1);
                 }
             }
         }
@@ -339,8 +333,90 @@ pub fn run(
     run.finish::<QuantRow>(spec, opts.format, failures)
 }
 
-/// One product to check and time.
-struct Point<'a> {
+/// Times every runnable row of one (shape, weights, batch) point round-robin: repetition i
+/// of every format and variant runs before repetition i + 1 of any, each after a cache flush,
+/// so the shared machine's drift (its read bandwidth moved 25–50 GB/s within an hour) hits all
+/// of them alike and the speed-ups compare like with like. Stops after `reps` rounds, or once
+/// at least 3 rounds ran and the point has used `seconds_per_point` per row. Then fills the
+/// timing columns and the speed-ups over the fastest f32 and the f16 row of the point.
+fn time_interleaved(
+    point: &mut [(QuantRow, Option<(&QuantMatrix, MatVecVariant)>)],
+    x: &[f32],
+    batch: usize,
+    reps: usize,
+    limits: &Limits,
+    flusher: &mut CacheFlusher,
+    roof: &Roofline,
+) {
+    let live = point.iter().filter(|(_, t)| t.is_some()).count();
+    let mut samples: Vec<Vec<f64>> = vec![vec![]; point.len()];
+    let mut errors: Vec<Option<String>> = vec![None; point.len()];
+    let mut ys: Vec<Vec<f32>> = point
+        .iter()
+        .map(|(_, t)| t.map_or(vec![], |(m, _)| vec![0.0; batch * m.rows]))
+        .collect();
+    let budget = limits.seconds_per_point * live as f64;
+    let mut spent = 0.0;
+    for round in 0..reps.max(1) {
+        if round >= 3 && spent > budget {
+            break;
+        }
+        for (i, (_, timed)) in point.iter().enumerate() {
+            let (Some((m, variant)), None) = (timed, &errors[i]) else {
+                continue;
+            };
+            let t = time_reps(1, f64::INFINITY, flusher, || {
+                quant_kernels::matmul(m, x, batch, &mut ys[i], *variant)
+            });
+            match t {
+                Ok(t) => {
+                    spent += t.samples[0];
+                    samples[i].push(t.samples[0]);
+                }
+                Err(e) => errors[i] = Some(e.to_string()),
+            }
+        }
+    }
+    let medians: Vec<Option<f64>> = samples
+        .iter()
+        .map(|s| (!s.is_empty()).then(|| Timing { samples: s.clone() }.median()))
+        .collect();
+    let best = |format: &str| {
+        point
+            .iter()
+            .zip(&medians)
+            .filter(|((r, _), _)| r.format == format && r.status == "ok")
+            .filter_map(|(_, m)| *m)
+            .reduce(f64::min)
+    };
+    let (f32_best, f16_best) = (best("f32"), best("f16"));
+    for (i, (row, timed)) in point.iter_mut().enumerate() {
+        if timed.is_none() {
+            continue;
+        }
+        if let Some(e) = &errors[i] {
+            row.status = "error".into();
+            row.note = e.clone();
+            continue;
+        }
+        let t = Timing {
+            samples: samples[i].clone(),
+        };
+        let median = t.median();
+        row.reps = t.samples.len();
+        row.median_ms = Some(median * 1e3);
+        row.p10_ms = Some(t.percentile(10.0) * 1e3);
+        row.p90_ms = Some(t.percentile(90.0) * 1e3);
+        row.gbps = Some(row.bytes as f64 / median / 1e9);
+        row.gflops = Some(row.flops as f64 / median / 1e9);
+        row.pct_read_bw = Some(100.0 * row.bytes as f64 / median / 1e9 / roof.read_gbps);
+        row.speedup_vs_f32 = f32_best.map(|b| b / median);
+        row.speedup_vs_f16 = f16_best.map(|b| b / median);
+    }
+}
+
+/// One product to check (untimed).
+struct Check<'a> {
     m: &'a QuantMatrix,
     x: &'a [f32],
     want_dense: &'a [f64],
@@ -348,16 +424,10 @@ struct Point<'a> {
     batch: usize,
 }
 
-impl Point<'_> {
-    fn measure(
-        &self,
-        variant: MatVecVariant,
-        reps: usize,
-        limits: &Limits,
-        flusher: &mut CacheFlusher,
-        roof: &Roofline,
-        row: &mut QuantRow,
-    ) {
+impl Check<'_> {
+    /// Runs the variant once on NaN-poisoned output, fills the error columns and the status
+    /// (ok | fail | error); returns whether it ran (and so can be timed).
+    fn run(&self, variant: MatVecVariant, row: &mut QuantRow) -> bool {
         let (m, batch) = (self.m, self.batch);
         let c = cost(m, batch);
         (row.bytes, row.flops) = (c.bytes, c.flops);
@@ -365,7 +435,7 @@ impl Point<'_> {
         if let Err(e) = quant_kernels::matmul(m, self.x, batch, &mut y, variant) {
             row.status = "error".into();
             row.note = e.to_string();
-            return;
+            return false;
         }
         let got: Vec<f32> = (0..batch)
             .flat_map(|b| self.sampled.iter().map(move |&r| (b, r)))
@@ -379,28 +449,11 @@ impl Point<'_> {
         row.out_rel_err = Some(ErrorStats::compare(&got, self.want_dense).rel_l2);
         let unwritten = y.iter().filter(|v| !v.is_finite()).count();
         let passed = unwritten == 0 && stats.passes(&tolerance(DType::F32).scaled_to(&want));
-        match time_reps(reps, limits.seconds_per_point, flusher, || {
-            quant_kernels::matmul(m, self.x, batch, &mut y, variant)
-        }) {
-            Ok(t) => {
-                let median = t.median();
-                row.reps = t.samples.len();
-                row.median_ms = Some(median * 1e3);
-                row.p10_ms = Some(t.percentile(10.0) * 1e3);
-                row.p90_ms = Some(t.percentile(90.0) * 1e3);
-                row.gbps = Some(c.bytes as f64 / median / 1e9);
-                row.gflops = Some(c.flops as f64 / median / 1e9);
-                row.pct_read_bw = Some(100.0 * c.bytes as f64 / median / 1e9 / roof.read_gbps);
-                row.status = if passed { "ok" } else { "fail" }.into();
-                if unwritten > 0 {
-                    row.note = format!("{unwritten} outputs non-finite (unwritten or NaN)");
-                }
-            }
-            Err(e) => {
-                row.status = "error".into();
-                row.note = e.to_string();
-            }
+        row.status = if passed { "ok" } else { "fail" }.into();
+        if unwritten > 0 {
+            row.note = format!("{unwritten} outputs non-finite (unwritten or NaN)");
         }
+        true
     }
 }
 

@@ -3,6 +3,8 @@
 
 /// Counting global allocator (peak scratch memory of a call).
 pub mod alloc;
+/// Case files (safetensors with a family and fixed tensor names) for `harness replay`.
+pub mod case_file;
 /// `harness check`: every variant against the f64 reference on random and edge cases.
 pub mod check;
 /// `harness check --family quant`: product variants on random formats and edge cases.
@@ -23,6 +25,8 @@ pub mod output;
 pub mod registry;
 /// Markdown tables and SVG plots from a run's CSV.
 pub mod render;
+/// `harness replay`: captured tensors against every variant.
+pub mod replay;
 /// Read bandwidth and FMA peak of this machine.
 pub mod roofline;
 /// Experiment specs (TOML) and grid expansion.

@@ -1,9 +1,11 @@
-//! The `harness` command line: list, check, exp, roofline, render. Every error is one line on
+//! The `harness` command line: list, check, exp, replay, roofline, render. Every error is one line on
 //! stderr and exit code 2; a check or experiment with a wrong answer exits 1.
 
 use clap::{Args, Parser, Subcommand};
 use harness::error::{HarnessError, Result};
-use harness::{check, exp, machine, registry, render, roofline, spec::ExperimentSpec, Format};
+use harness::{
+    check, exp, machine, registry, render, replay, roofline, spec::ExperimentSpec, Format,
+};
 use kernel_common::{DType, Device};
 use std::path::PathBuf;
 
@@ -95,6 +97,23 @@ enum Command {
         /// Where to measure: cpu (cuda rooflines come with the CUDA backend).
         #[arg(long, default_value = "cpu")]
         device: String,
+    },
+    /// Replay captured tensors (safetensors case files: `family` in the metadata, inputs under
+    /// fixed names, optionally the output your stack produced as `out`) against every variant
+    /// that supports them: error vs the stored output and vs the f64 reference, and time.
+    /// Exit 0 when all agree with the stored output, 1 when one disagrees, 2 on a malformed file.
+    Replay {
+        /// Case files (.safetensors); README documents the schema per family.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only these variants (repeatable), e.g. --variant flash2:br=64 --variant quantize.
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// Timed repetitions per variant (after the checked run).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        #[command(flatten)]
+        common: Common,
     },
     /// Regenerate the .md and .svg of a run from its CSV and JSON.
     Render {
@@ -225,6 +244,22 @@ fn run(cli: Cli) -> Result<i32> {
                 path.display()
             );
             Ok(0)
+        }
+        Command::Replay {
+            files,
+            variants,
+            reps,
+            common,
+        } => {
+            let device = Device::parse(&common.device)?;
+            set_threads(common.threads)?;
+            replay::run(&replay::ReplayOptions {
+                files,
+                device,
+                variants,
+                reps,
+                format: common.format,
+            })
         }
         Command::Render { csv } => {
             println!("{}", render::rerender(&csv, &cli.experiments_dir)?);

@@ -1,0 +1,704 @@
+//! `harness replay FILE...`: runs every variant that supports a captured case on its exact
+//! tensors, compares each output with the stored one (when the file has `out`) and with the
+//! f64 reference under the tolerance table `harness check` uses (packed quantised bytes compare
+//! exactly), times it, and prints one row per variant. A first row per file rates the stored
+//! output itself against the reference. Exit 0 when every supporting variant agrees with the
+//! stored output, 1 when one disagrees, 2 when a file is malformed (all files are parsed and
+//! validated before anything runs).
+
+use crate::case_file::{float_dtype, CaseFile, Tensor};
+use crate::error::{HarnessError, Result};
+use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::{registry, Format};
+use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape};
+use kernel_common::{tolerance, Buffer, DType, Device, ErrorStats, Tolerance};
+use paged_kernels::{KvPool, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv};
+use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What `harness replay` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    pub files: Vec<PathBuf>,
+    pub device: Device,
+    pub variants: Vec<String>,
+    pub reps: usize,
+    pub format: Format,
+}
+
+/// One variant on one case file.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayRow {
+    pub file: String,
+    pub family: String,
+    pub case: String,
+    pub variant: String,
+    /// agree | disagree | unsupported | error | info (the stored output's own row)
+    pub status: String,
+    pub vs_stored_rel_l2: Option<f64>,
+    pub vs_stored_max_abs: Option<f64>,
+    pub vs_ref_rel_l2: Option<f64>,
+    pub vs_ref_max_abs: Option<f64>,
+    pub median_ms: Option<f64>,
+    pub reps: usize,
+    pub note: String,
+}
+
+/// A variant's output, ready to compare.
+enum Output {
+    Floats(Vec<f32>),
+    Bytes(Vec<u8>),
+}
+
+/// What a variant's output is compared with: the stored output (if the file has one) and the
+/// f64 reference (if the family has one), under `tol`.
+struct Expect {
+    tol: Tolerance,
+    reference: Option<Vec<f64>>,
+    stored: Option<Output>,
+}
+
+/// What one variant does, with everything it needs owned (prepared per run in `execute`).
+enum Job {
+    Attention {
+        kernel: Box<dyn AttentionKernel>,
+        shape: AttentionShape,
+        inputs: Arc<AttentionInputs>,
+        dtype: DType,
+    },
+    Paged {
+        shape: PagedDecodeShape,
+        batch: Arc<PagedBatch>,
+        pool: Arc<KvPool>,
+        q: Arc<Buffer>,
+        split: SplitKv,
+        dtype: DType,
+    },
+    Quantize {
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        x: Arc<Vec<f32>>,
+    },
+    Dequantize(Arc<QuantMatrix>),
+    Product {
+        w: Arc<QuantMatrix>,
+        act: Arc<Vec<f32>>,
+        batch: usize,
+        variant: MatVecVariant,
+    },
+}
+
+/// One variant to run: its name, its job (or why it is unsupported), what it must match.
+struct Run {
+    name: String,
+    job: std::result::Result<Job, String>,
+    expect: Arc<Expect>,
+}
+
+/// Runs `job` once (the output that is checked), then times `reps` more calls; attention
+/// kernels are prepared once, outside the timing.
+fn execute(
+    job: &Job,
+    reps: usize,
+    flusher: &mut CacheFlusher,
+) -> kernel_common::error::Result<(Output, Timing)> {
+    if let Job::Attention {
+        kernel,
+        shape,
+        inputs,
+        dtype,
+    } = job
+    {
+        let mut p = kernel.prepare(shape, inputs)?;
+        let mut out = Buffer::poisoned(*dtype, shape.q_elems());
+        p.run(&mut out)?;
+        let first = Output::Floats(out.to_f32());
+        let t = time_reps(reps, 2.0, flusher, || p.run(&mut out))?;
+        return Ok((first, t));
+    }
+    let call = || -> kernel_common::error::Result<Output> {
+        Ok(match job {
+            Job::Paged {
+                shape,
+                batch,
+                pool,
+                q,
+                split,
+                dtype,
+            } => {
+                let mut out = Buffer::poisoned(*dtype, shape.q_elems(batch.len()));
+                paged_kernels::paged_decode(shape, batch, pool, q, &mut out, *split)?;
+                Output::Floats(out.to_f32())
+            }
+            Job::Quantize {
+                format,
+                rows,
+                cols,
+                x,
+            } => Output::Bytes(
+                QuantMatrix::quantize(*format, *rows, *cols, x)?
+                    .bytes()
+                    .to_vec(),
+            ),
+            Job::Dequantize(m) => Output::Floats(m.dequantize()),
+            Job::Product {
+                w,
+                act,
+                batch,
+                variant,
+            } => {
+                let mut out = vec![f32::NAN; batch * w.rows];
+                quant_kernels::matmul(w, act, *batch, &mut out, *variant)?;
+                Output::Floats(out)
+            }
+            Job::Attention { .. } => unreachable!("handled above"),
+        })
+    };
+    let first = call()?;
+    let t = time_reps(reps, 2.0, flusher, || call().map(|_| ()))?;
+    Ok((first, t))
+}
+
+/// A parsed, validated case file, ready to run.
+struct Prepared {
+    label: String,
+    runs: Vec<Run>,
+}
+
+/// Runs the replay; returns the exit code.
+pub fn run(opts: &ReplayOptions) -> Result<i32> {
+    if opts.files.is_empty() {
+        return Err(HarnessError::Usage(
+            "replay needs at least one case file".into(),
+        ));
+    }
+    if opts.reps == 0 {
+        return Err(HarnessError::Usage("--reps must be at least 1".into()));
+    }
+    if let Device::Cuda(n) = opts.device {
+        kernel_common::probe_cuda(n)?;
+        return Err(HarnessError::Usage(format!(
+            "{} is present but no replayable variant has a CUDA implementation yet; use --device cpu",
+            opts.device
+        )));
+    }
+    let cases = opts
+        .files
+        .iter()
+        .map(|f| CaseFile::load(f))
+        .collect::<Result<Vec<_>>>()?;
+    let prepared = cases
+        .iter()
+        .map(|c| prepare(c, &opts.variants))
+        .collect::<Result<Vec<_>>>()?;
+    let mut rows = vec![];
+    let mut flusher = CacheFlusher::new();
+    for (case, p) in cases.iter().zip(prepared.iter()) {
+        replay_case(case, p, opts.reps, &mut flusher, &mut rows);
+    }
+    let disagree = rows.iter().filter(|r| r.status == "disagree").count();
+    match opts.format {
+        Format::Table => print_table(&rows),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+    }
+    if disagree > 0 {
+        eprintln!("{disagree} variant(s) disagree with the stored output or the reference");
+    }
+    Ok(if disagree > 0 { 1 } else { 0 })
+}
+
+fn stats_cols(s: Option<ErrorStats>) -> (Option<f64>, Option<f64>) {
+    (s.map(|s| s.rel_l2), s.map(|s| s.max_abs))
+}
+
+fn replay_case(
+    case: &CaseFile,
+    p: &Prepared,
+    reps: usize,
+    flusher: &mut CacheFlusher,
+    rows: &mut Vec<ReplayRow>,
+) {
+    let row = |variant: &str, status: &str| ReplayRow {
+        file: case.path.display().to_string(),
+        family: case.family.clone(),
+        case: p.label.clone(),
+        variant: variant.into(),
+        status: status.into(),
+        vs_stored_rel_l2: None,
+        vs_stored_max_abs: None,
+        vs_ref_rel_l2: None,
+        vs_ref_max_abs: None,
+        median_ms: None,
+        reps: 0,
+        note: String::new(),
+    };
+    let mut rated: Vec<*const Expect> = vec![];
+    for run in &p.runs {
+        let e = &run.expect;
+        if rated.contains(&Arc::as_ptr(e)) {
+            continue;
+        }
+        rated.push(Arc::as_ptr(e));
+        if let (Some(Output::Floats(stored)), Some(reference)) = (&e.stored, &e.reference) {
+            let s = ErrorStats::compare(stored, reference);
+            let mut r = row("(stored out)", "info");
+            (r.vs_ref_rel_l2, r.vs_ref_max_abs) = stats_cols(Some(s));
+            r.note = format!(
+                "the file's own output vs the f64 reference: {}",
+                if s.passes(&e.tol) {
+                    "within tolerance"
+                } else {
+                    "OUTSIDE tolerance"
+                }
+            );
+            rows.push(r);
+        }
+    }
+    for run in &p.runs {
+        let mut r = row(&run.name, "");
+        let job = match &run.job {
+            Err(why) => {
+                r.status = "unsupported".into();
+                r.note = why.clone();
+                rows.push(r);
+                continue;
+            }
+            Ok(j) => j,
+        };
+        let (out, timing) = match execute(job, reps, flusher) {
+            Ok(o) => o,
+            Err(e) => {
+                r.status = "error".into();
+                r.note = e.to_string();
+                rows.push(r);
+                continue;
+            }
+        };
+        r.median_ms = Some(timing.median() * 1e3);
+        r.reps = timing.samples.len();
+        let expect = &run.expect;
+        let agrees = match (&out, &expect.stored) {
+            (Output::Bytes(got), Some(Output::Bytes(want))) => {
+                let differ = got.iter().zip(want).filter(|(a, b)| a != b).count()
+                    + got.len().abs_diff(want.len());
+                r.note = if differ > 0 {
+                    let first = got.iter().zip(want).position(|(a, b)| a != b);
+                    format!(
+                        "{differ} of {} bytes differ (first at byte {})",
+                        want.len(),
+                        first.map_or("end".into(), |i| i.to_string())
+                    )
+                } else {
+                    format!("all {} bytes identical", want.len())
+                };
+                differ == 0
+            }
+            (Output::Floats(got), stored) => {
+                let vs_ref = expect
+                    .reference
+                    .as_ref()
+                    .map(|w| ErrorStats::compare(got, w));
+                (r.vs_ref_rel_l2, r.vs_ref_max_abs) = stats_cols(vs_ref);
+                match stored {
+                    Some(Output::Floats(want)) => {
+                        let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+                        let s = ErrorStats::compare(got, &want);
+                        (r.vs_stored_rel_l2, r.vs_stored_max_abs) = stats_cols(Some(s));
+                        s.passes(&expect.tol)
+                    }
+                    _ => vs_ref.is_some_and(|s| s.passes(&expect.tol)),
+                }
+            }
+            (Output::Bytes(_), _) => true,
+        };
+        r.status = if agrees { "agree" } else { "disagree" }.into();
+        rows.push(r);
+    }
+}
+
+fn print_table(rows: &[ReplayRow]) {
+    let fmt = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.2e}"));
+    let mut file = String::new();
+    for r in rows {
+        if r.file != file {
+            file = r.file.clone();
+            println!("\n{} — {} {}", r.file, r.family, r.case);
+            println!(
+                "  {:<30} {:<11} {:>10} {:>10} {:>10} {:>10} {:>9}  note",
+                "variant", "status", "stored L2", "stored max", "ref L2", "ref max", "ms"
+            );
+        }
+        println!(
+            "  {:<30} {:<11} {:>10} {:>10} {:>10} {:>10} {:>9}  {}",
+            r.variant,
+            r.status,
+            fmt(r.vs_stored_rel_l2),
+            fmt(r.vs_stored_max_abs),
+            fmt(r.vs_ref_rel_l2),
+            fmt(r.vs_ref_max_abs),
+            r.median_ms.map_or("–".into(), |m| format!("{m:.3}")),
+            r.note
+        );
+    }
+}
+
+/// Whether `name` (a variant spec) is asked for: all when the list is empty, else by its base
+/// name or its full spec.
+fn wanted(asked: &[String], name: &str) -> bool {
+    asked.is_empty()
+        || asked
+            .iter()
+            .any(|a| a == name || a.split(':').next() == name.split(':').next())
+}
+
+fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
+    match case.family.as_str() {
+        "attention" => prepare_attention(case, asked),
+        "paged" => prepare_paged(case, asked),
+        _ => prepare_quant(case, asked),
+    }
+}
+
+/// The storage dtype shared by `tensors`, or a one-line error.
+fn common_dtype(case: &CaseFile, tensors: &[(&str, &Tensor)]) -> Result<DType> {
+    let mut dt = None;
+    for (name, t) in tensors {
+        let d = float_dtype(t).ok_or_else(|| {
+            case.error(format!(
+                "tensor '{name}' must be F32, F16 or BF16, not {:?}",
+                t.dtype
+            ))
+        })?;
+        match dt {
+            None => dt = Some(d),
+            Some(prev) if prev != d => {
+                return Err(case.error(format!(
+                    "tensor '{name}' is {d} but the others are {prev}: one storage dtype per case"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(dt.expect("at least one tensor"))
+}
+
+fn stored_floats(case: &CaseFile, want_shape: &[usize]) -> Result<Option<Output>> {
+    match case.optional("out", &[want_shape.len()])? {
+        None => Ok(None),
+        Some(t) if t.shape != want_shape => Err(case.error(format!(
+            "tensor 'out' has shape {:?}, expected {want_shape:?}",
+            t.shape
+        ))),
+        Some(t) => Ok(Some(Output::Floats(case.buffer("out", t)?.to_f32()))),
+    }
+}
+
+fn prepare_attention(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
+    let (q, k, v) = (
+        case.tensor("q", &[4])?,
+        case.tensor("k", &[4])?,
+        case.tensor("v", &[4])?,
+    );
+    let dtype = common_dtype(case, &[("q", q), ("k", k), ("v", v)])?;
+    let [b, hq, lq, d] = q.shape[..] else {
+        unreachable!("rank checked")
+    };
+    let [bk, hkv, lkv, dk] = k.shape[..] else {
+        unreachable!("rank checked")
+    };
+    if v.shape != k.shape || bk != b || dk != d {
+        return Err(case.error(format!(
+            "shapes do not fit: q {:?}, k {:?}, v {:?} (want q [B,Hq,Lq,D], k = v [B,Hkv,Lkv,D])",
+            q.shape, k.shape, v.shape
+        )));
+    }
+    let mut shape = AttentionShape::new(b, hq, hkv, lq, lkv, d, case.flag("causal", false)?);
+    if let Some(s) = case.positive("scale")? {
+        shape.scale = s;
+    }
+    shape.validate().map_err(|e| case.error(e))?;
+    let inputs = Arc::new(AttentionInputs {
+        q: case.buffer("q", q)?,
+        k: case.buffer("k", k)?,
+        v: case.buffer("v", v)?,
+    });
+    let expect = Arc::new(Expect {
+        tol: tolerance(dtype),
+        reference: Some(attention_kernels::reference::attention(&shape, &inputs)),
+        stored: stored_floats(case, &q.shape)?,
+    });
+    let mut runs = vec![];
+    for (family, name, _) in registry::all_variants() {
+        if !matches!(family, "attention" | "paged") || name == "reference" || !wanted(asked, name) {
+            continue;
+        }
+        let spec = asked
+            .iter()
+            .find(|a| a.split(':').next() == Some(name))
+            .cloned()
+            .unwrap_or_else(|| name.to_string());
+        let kernel = registry::attention_kernel(&spec)?;
+        let job = match kernel.supports(&shape, dtype, Device::Cpu) {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => Ok(Job::Attention {
+                kernel,
+                shape,
+                inputs: inputs.clone(),
+                dtype,
+            }),
+        };
+        let name = match &job {
+            Ok(Job::Attention { kernel, .. }) => kernel.name(),
+            _ => spec,
+        };
+        runs.push(Run {
+            name,
+            job,
+            expect: expect.clone(),
+        });
+    }
+    Ok(Prepared {
+        label: format!("{} {dtype}", shape.label()),
+        runs,
+    })
+}
+
+fn prepare_paged(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
+    let q = case.tensor("q", &[3, 4])?;
+    let (kc, vc) = (case.tensor("k_cache", &[4])?, case.tensor("v_cache", &[4])?);
+    let (bt, cl) = (
+        case.tensor("block_tables", &[2])?,
+        case.tensor("context_lens", &[1])?,
+    );
+    let dtype = common_dtype(case, &[("q", q), ("k_cache", kc), ("v_cache", vc)])?;
+    let [blocks, hkv, bs, d] = kc.shape[..] else {
+        unreachable!("rank checked")
+    };
+    let (seqs, hq, q_len, dq) = match q.shape[..] {
+        [s, h, dq] => (s, h, 1, dq),
+        [s, h, l, dq] => (s, h, l, dq),
+        _ => unreachable!("rank checked"),
+    };
+    if vc.shape != kc.shape || dq != d || bt.shape[0] != seqs || cl.shape[0] != seqs {
+        return Err(case.error(format!(
+            "shapes do not fit: q {:?}, k_cache {:?}, v_cache {:?}, block_tables {:?}, context_lens {:?} (want q [S,Hq,D] or [S,Hq,L,D], caches [blocks,Hkv,block_size,D], tables [S,max_blocks], lens [S])",
+            q.shape, kc.shape, vc.shape, bt.shape, cl.shape
+        )));
+    }
+    let layout = PoolLayout {
+        num_blocks: blocks,
+        block_size: bs,
+        kv_heads: hkv,
+        head_dim: d,
+    };
+    layout.validate().map_err(|e| case.error(e))?;
+    let lens = case.ints("context_lens", cl)?;
+    let table_ints = case.ints("block_tables", bt)?;
+    let width = bt.shape[1];
+    let mut context_lens = vec![];
+    let mut block_tables = vec![];
+    for (s, &len) in lens.iter().enumerate() {
+        if len < 1 {
+            return Err(case.error(format!("context_lens[{s}] = {len}: must be ≥ 1")));
+        }
+        let need = layout.blocks_for(len as usize);
+        if need > width {
+            return Err(case.error(format!(
+                "sequence {s} has {len} tokens = {need} blocks but block_tables has {width} columns"
+            )));
+        }
+        let row = &table_ints[s * width..s * width + need];
+        if let Some(&bad) = row.iter().find(|&&id| id < 0 || id as usize >= blocks) {
+            return Err(case.error(format!(
+                "block_tables[{s}] names block {bad}, outside the pool of {blocks}"
+            )));
+        }
+        context_lens.push(len as usize);
+        block_tables.push(row.iter().map(|&id| id as u32).collect::<Vec<u32>>());
+    }
+    let batch = PagedBatch {
+        context_lens,
+        block_tables,
+    };
+    let mut shape = PagedDecodeShape {
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        q_len,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    if let Some(s) = case.positive("scale")? {
+        shape.scale = s;
+    }
+    shape.validate(&layout, &batch).map_err(|e| case.error(e))?;
+    let pool = KvPool {
+        layout,
+        k: case.buffer("k_cache", kc)?,
+        v: case.buffer("v_cache", vc)?,
+    };
+    let qb = case.buffer("q", q)?;
+    let expect = Arc::new(Expect {
+        tol: tolerance(dtype),
+        reference: Some(
+            paged_kernels::reference::paged_reference(&shape, &batch, &pool, &qb)
+                .map_err(|e| case.error(e))?,
+        ),
+        stored: stored_floats(case, &q.shape)?,
+    });
+    let (pool, batch, qb) = (Arc::new(pool), Arc::new(batch), Arc::new(qb));
+    let mut runs = vec![];
+    for (name, split) in [("paged", SplitKv::Off), ("paged:split=auto", SplitKv::Auto)] {
+        if !wanted(asked, name) {
+            continue;
+        }
+        runs.push(Run {
+            name: name.into(),
+            job: Ok(Job::Paged {
+                shape,
+                batch: batch.clone(),
+                pool: pool.clone(),
+                q: qb.clone(),
+                split,
+                dtype,
+            }),
+            expect: expect.clone(),
+        });
+    }
+    Ok(Prepared {
+        label: format!("seqs{lens:?} bs{bs} h{hq}/{hkv} q{q_len} d{d} {dtype}"),
+        runs,
+    })
+}
+
+fn prepare_quant(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
+    let format_name = case
+        .meta
+        .get("format")
+        .ok_or_else(|| case.error("a quant case needs metadata \"format\" (e.g. q4_0, sym4g32)"))?;
+    let format = WeightFormat::parse(format_name).map_err(|e| case.error(e))?;
+    let x = case.tensor("x", &[2])?;
+    if x.dtype != safetensors::Dtype::F32 {
+        return Err(case.error(format!("tensor 'x' must be F32, not {:?}", x.dtype)));
+    }
+    let (rows, cols) = (x.shape[0], x.shape[1]);
+    format.validate(cols).map_err(|e| case.error(e))?;
+    let xs = case.buffer("x", x)?.to_f32();
+    let stored_q = match case.optional("q", &[1, 2])? {
+        None => None,
+        Some(t) if t.dtype != safetensors::Dtype::U8 => {
+            return Err(case.error(format!("tensor 'q' must be U8, not {:?}", t.dtype)))
+        }
+        Some(t) => Some(
+            QuantMatrix::from_bytes(format, rows, cols, t.data.clone())
+                .map_err(|e| case.error(e))?,
+        ),
+    };
+    let out = case.optional("out", &[2])?;
+    if let Some(t) = out {
+        if t.shape != x.shape {
+            return Err(case.error(format!(
+                "tensor 'out' has shape {:?}, expected {:?} (the dequantised x)",
+                t.shape, x.shape
+            )));
+        }
+    }
+    let act = case.optional("act", &[2])?;
+    let y = case.optional("y", &[2])?;
+    let label = format!("{rows}x{cols} {format}");
+    let mut runs = vec![];
+    // The codec: quantise (bytes compared exactly) and dequantise (floats).
+    if let Some(want) = &stored_q {
+        if wanted(asked, "quantize") {
+            runs.push(Run {
+                name: "quantize".into(),
+                job: Ok(Job::Quantize {
+                    format,
+                    rows,
+                    cols,
+                    x: Arc::new(xs.clone()),
+                }),
+                expect: Arc::new(Expect {
+                    tol: tolerance(DType::F32),
+                    reference: None,
+                    stored: Some(Output::Bytes(want.bytes().to_vec())),
+                }),
+            });
+        }
+        if let (Some(t), true) = (out, wanted(asked, "dequantize")) {
+            runs.push(Run {
+                name: "dequantize".into(),
+                job: Ok(Job::Dequantize(Arc::new(want.clone()))),
+                expect: Arc::new(Expect {
+                    tol: tolerance(DType::F32),
+                    reference: None,
+                    stored: Some(Output::Floats(case.buffer("out", t)?.to_f32())),
+                }),
+            });
+        }
+    }
+    // Products, when the file carries activations: W is the stored bytes (else ours).
+    if let Some(a) = act {
+        if a.dtype != safetensors::Dtype::F32 || a.shape[1] != cols {
+            return Err(case.error(format!(
+                "tensor 'act' must be F32 [batch, {cols}], got {:?} {:?}",
+                a.dtype, a.shape
+            )));
+        }
+        let batch = a.shape[0];
+        let w = match &stored_q {
+            Some(m) => m.clone(),
+            None => QuantMatrix::quantize(format, rows, cols, &xs).map_err(|e| case.error(e))?,
+        };
+        let w = Arc::new(w);
+        let av = Arc::new(case.buffer("act", a)?.to_f32());
+        let stored = match y {
+            Some(t) if t.shape != [batch, rows] => {
+                return Err(case.error(format!(
+                    "tensor 'y' has shape {:?}, expected [{batch}, {rows}]",
+                    t.shape
+                )))
+            }
+            Some(t) => Some(Output::Floats(case.buffer("y", t)?.to_f32())),
+            None => None,
+        };
+        let reference = quant_kernels::reference::matmul(&w, &av, batch);
+        let expect = Arc::new(Expect {
+            tol: tolerance(DType::F32).scaled_to(&reference),
+            reference: Some(reference),
+            stored,
+        });
+        for (name, _) in quant_kernels::VARIANTS {
+            if !wanted(asked, name) {
+                continue;
+            }
+            let spec = asked
+                .iter()
+                .find(|s| s.split(':').next() == Some(name))
+                .cloned()
+                .unwrap_or_else(|| name.to_string());
+            let (vname, variant) = registry::quant_variant(&spec)?;
+            let job = quant_kernels::supports(variant, format)
+                .map(|()| Job::Product {
+                    w: w.clone(),
+                    act: av.clone(),
+                    batch,
+                    variant,
+                })
+                .map_err(|e| e.to_string());
+            runs.push(Run {
+                name: format!("{vname} (b{batch})"),
+                job,
+                expect: expect.clone(),
+            });
+        }
+    }
+    if runs.is_empty() {
+        return Err(case.error(
+            "nothing to replay: a quant case needs q (packed bytes) or act (activations), and --variant must name one of its variants",
+        ));
+    }
+    Ok(Prepared { label, runs })
+}
