@@ -307,7 +307,13 @@ fn plot<R: Serialize>(p: &PlotSpec, rows: &[R], prov: &Provenance, path: &Path) 
             x1 = x0 * 2.0;
         }
         let small = y1 < 20.0;
-        let filter: Vec<String> = p.filter.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        // Multi-valued filters (a|b|c) pick the series; the caption names single values only.
+        let filter: Vec<String> = p
+            .filter
+            .iter()
+            .filter(|(_, v)| !v.contains('|'))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         let caption = if filter.is_empty() {
             format!("{} {panel}", p.panel)
         } else {
@@ -368,7 +374,12 @@ fn plot<R: Serialize>(p: &PlotSpec, rows: &[R], prov: &Provenance, path: &Path) 
                     .configure_series_labels()
                     .background_style(WHITE.mix(0.8))
                     .border_style(BLACK)
-                    .position(SeriesLabelPosition::UpperLeft)
+                    .position(match p.legend.as_str() {
+                        "upper_right" => SeriesLabelPosition::UpperRight,
+                        "lower_left" => SeriesLabelPosition::LowerLeft,
+                        "lower_right" => SeriesLabelPosition::LowerRight,
+                        _ => SeriesLabelPosition::UpperLeft,
+                    })
                     .draw()
                     .map_err(plot_err)?;
             }};

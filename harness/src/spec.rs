@@ -134,6 +134,13 @@ pub struct PlotSpec {
     /// Logarithmic vertical axis (errors spanning decades).
     #[serde(default)]
     pub log_y: bool,
+    /// Where the legend goes: upper_left (default), upper_right, lower_left, lower_right.
+    #[serde(default = "upper_left")]
+    pub legend: String,
+}
+
+fn upper_left() -> String {
+    "upper_left".into()
 }
 
 fn yes() -> bool {
