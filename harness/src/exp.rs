@@ -54,8 +54,10 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     if reps == 0 {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));
     }
-    if spec.family == "quant" {
-        return crate::exp_quant::run(opts, &spec, &spec_path, grid, &names, reps);
+    match spec.family.as_str() {
+        "quant" => return crate::exp_quant::run(opts, &spec, &spec_path, grid, &names, reps),
+        "moe" => return crate::exp_moe::run(opts, &spec, &spec_path, grid, &names, reps),
+        _ => {}
     }
     let points = ExperimentSpec::points(&grid)?;
     if points.is_empty() {

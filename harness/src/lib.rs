@@ -7,12 +7,16 @@ pub mod alloc;
 pub mod case_file;
 /// `harness check`: every variant against the f64 reference on random and edge cases.
 pub mod check;
+/// `harness check --family moe`: router and expert variants on random layers and edge cases.
+pub mod check_moe;
 /// `harness check --family quant`: product variants on random formats and edge cases.
 pub mod check_quant;
 /// The harness error type (one line, exit 2).
 pub mod error;
 /// `harness exp`: grid runner streaming rows to CSV.
 pub mod exp;
+/// `harness exp` for the moe family: capacity × skew × k × experts.
+pub mod exp_moe;
 /// `harness exp` for the quant family: formats × shapes × weights × batch.
 pub mod exp_quant;
 /// Host, CPU, git and rustc facts for provenance.

@@ -1,13 +1,14 @@
 //! The variant registry: resolves a variant spec string to a kernel of any crate of the
-//! attention family (attention: reference, naive, flash2; paged: paged) or to a product
-//! variant of the quant family (fused, dequant), and lists them.
+//! attention family (attention: reference, naive, flash2; paged: paged), to a product variant
+//! of the quant family (fused, dequant, faer) or an expert variant of the moe family (grouped,
+//! naive), and lists them.
 
 use crate::error::{HarnessError, Result};
 use attention_kernels::AttentionKernel;
 use kernel_common::VariantSpec;
 
 /// Families `harness check --family` knows.
-pub const FAMILIES: &[&str] = &["attention", "paged", "quant"];
+pub const FAMILIES: &[&str] = &["attention", "paged", "quant", "moe"];
 
 /// The kernel for `spec` (`flash2:br=64`, `paged:bs=16,split=auto`, ...).
 pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
@@ -43,6 +44,22 @@ pub fn quant_variant(spec: &str) -> Result<(String, quant_kernels::MatVecVariant
     }
 }
 
+/// The moe-family variant for `spec` (`grouped`, `naive`).
+pub fn moe_variant(spec: &str) -> Result<(String, moe_kernels::ExpertVariant)> {
+    let parsed = VariantSpec::parse(spec)?;
+    match moe_kernels::variant_from_spec(&parsed)? {
+        Some(v) => Ok((parsed.name.clone(), v)),
+        None => {
+            let known: Vec<&str> = moe_kernels::VARIANTS.iter().map(|(n, _)| *n).collect();
+            Err(HarnessError::Usage(format!(
+                "unknown moe variant '{}' (known: {})",
+                parsed.name,
+                known.join(", ")
+            )))
+        }
+    }
+}
+
 /// (crate, name, description) of every variant.
 pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
     let mut out = vec![];
@@ -54,6 +71,9 @@ pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
     }
     for (n, d) in quant_kernels::VARIANTS {
         out.push(("quant", *n, *d));
+    }
+    for (n, d) in moe_kernels::VARIANTS {
+        out.push(("moe", *n, *d));
     }
     out
 }

@@ -40,13 +40,36 @@ pub const QUANT_GRID_KEYS: &[(&str, &str)] = &[
     ("batch", "activation vectors per call (1 = GEMV, decode)"),
 ];
 
+/// Grid keys a moe experiment understands.
+pub const MOE_GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "capacity",
+        "capacity factor > 0 (slots = ceil(tokens·k·factor/experts)) | dropless",
+    ),
+    (
+        "skew",
+        "router skew s >= 0: bias -s·ln(rank+1) per expert (0 = none)",
+    ),
+    ("top_k", "experts per token, 1..=experts"),
+    ("experts", "number of experts"),
+    ("tokens", "tokens per call"),
+    ("d_model", "model width"),
+    ("d_ff", "expert hidden width (SwiGLU)"),
+    (
+        "policy",
+        "score (keep the highest router scores) | order (keep the first tokens)",
+    ),
+    ("norm", "renormalize (Mixtral) | raw (Switch)"),
+];
+
 /// Families an experiment spec may name.
-pub const EXPERIMENT_FAMILIES: &[&str] = &["attention", "quant"];
+pub const EXPERIMENT_FAMILIES: &[&str] = &["attention", "quant", "moe"];
 
 /// The grid keys of `family`'s experiments.
 pub fn grid_keys(family: &str) -> &'static [(&'static str, &'static str)] {
     match family {
         "quant" => QUANT_GRID_KEYS,
+        "moe" => MOE_GRID_KEYS,
         _ => GRID_KEYS,
     }
 }
@@ -229,10 +252,16 @@ impl ExperimentSpec {
             return bad("no variants".into());
         }
         for v in &self.variants {
-            if self.family == "quant" {
-                crate::registry::quant_variant(v)?;
-            } else {
-                crate::registry::attention_kernel(v)?;
+            match self.family.as_str() {
+                "quant" => {
+                    crate::registry::quant_variant(v)?;
+                }
+                "moe" => {
+                    crate::registry::moe_variant(v)?;
+                }
+                _ => {
+                    crate::registry::attention_kernel(v)?;
+                }
             }
         }
         if self.claims.iter().any(|c| !is_claim_id(c)) {

@@ -194,6 +194,32 @@ y = { "*" = "speedup_vs_f32" }
 filter = { weights = "gaussian", format = "q4_0|sym3g32" }
 "#;
 
+/// A tiny moe experiment: two capacities (one dropless), two skews, both variants.
+const TINY_MOE: &str = r#"name = "tinymoe"
+question = "Smoke test: a small MoE layer with and without capacity."
+claims = ["C13"]
+family = "moe"
+variants = ["grouped", "naive"]
+reps = 2
+
+[grid]
+capacity = ["0.5", "dropless"]
+skew = [0.0, 1.5]
+top_k = [2]
+experts = [4]
+tokens = [40]
+d_model = [16]
+d_ff = [24]
+
+[plot]
+x = "capacity_factor"
+panel = "config"
+series = "skew"
+y = { "*" = "drop_rate" }
+filter = { variant = "grouped" }
+log_x = false
+"#;
+
 /// A temp experiments folder holding `tiny.toml`, and a temp results folder with the
 /// repository's rooflines copied in.
 struct Setup {
@@ -211,6 +237,7 @@ impl Setup {
         fs::create_dir_all(&exps).unwrap();
         fs::write(exps.join("tiny.toml"), TINY).unwrap();
         fs::write(exps.join("tinyq.toml"), TINY_QUANT).unwrap();
+        fs::write(exps.join("tinymoe.toml"), TINY_MOE).unwrap();
         let seeded = seed_roofline(&results);
         Setup {
             _tmp: tmp,
@@ -342,7 +369,58 @@ fn bad_quant_grids_are_one_line() {
     s.expect_usage_error(&["exp", "tinyq", "--variant", "fused:isa=neon"], "isa");
 }
 
+#[test]
+fn bad_moe_grids_are_one_line() {
+    let s = Setup::new("bad_moe");
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "top_k=0"], "top_k");
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--set", "top_k=5"],
+        "top_k must be in 1..=4",
+    );
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "capacity=0"], "capacity");
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "capacity=-1.5"], "capacity");
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "skew=-1"], "skew");
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "policy=random"], "policy");
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "norm=softmax"], "norm");
+    s.expect_usage_error(&["exp", "tinymoe", "--set", "d_model=0"], "d_model");
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--variant", "flash2"],
+        "unknown moe variant",
+    );
+}
+
 // B. Happy path.
+
+#[test]
+fn tiny_moe_experiment_writes_rows() {
+    let s = Setup::new("tiny_moe");
+    let out = s.run(&["exp", "tinymoe", "--threads", "2"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "exp tinymoe failed:\n{stderr}");
+    let csv_path = files_with_ext(&s.results.join("tinymoe"), "csv").remove(0);
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let (status, cap, drop, err) = (
+        column(&headers, "status"),
+        column(&headers, "capacity"),
+        column(&headers, "drop_rate"),
+        column(&headers, "out_rel_err_vs_dropless"),
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    assert_eq!(rows.len(), 8, "2 capacities x 2 skews x 2 variants");
+    for r in &rows {
+        assert_eq!(&r[status], "ok", "{r:?}");
+        let (d, e): (f64, f64) = (r[drop].parse().unwrap(), r[err].parse().unwrap());
+        if &r[cap] == "dropless" {
+            assert_eq!(d, 0.0);
+            assert!(e < 1e-5, "dropless equals itself: {e}");
+        } else {
+            // 40 tokens x 2 / 4 experts x 0.5 = 10 slots for 20 assignments each on average.
+            assert!(d >= 0.5, "capacity 0.5 drops at least half: {d}");
+            assert!(e > 0.1, "dropping changes the output: {e}");
+        }
+    }
+}
 
 #[test]
 fn tiny_quant_experiment_writes_rows_and_plots() {

@@ -1,0 +1,72 @@
+//! Mixture-of-experts layers (Switch Transformer, GShard, Mixtral): a top-k router with a
+//! capacity factor and drop policies, dispatch of tokens to SwiGLU experts and a weighted
+//! combine, routing statistics (load per expert, drops, imbalance, the busiest 20%'s share,
+//! Switch's balance loss) and a skew knob for the router — for claims C13–C15.
+
+/// The layer descriptor: sizes, top-k, weight normalisation, capacity, drop policy.
+pub mod config;
+/// Expert computation given the routing: naive per token, grouped per expert.
+pub mod forward;
+/// The f64 reference of the expert side.
+pub mod reference;
+/// The router (f32 and f64), selection with capacity, routing statistics.
+pub mod routing;
+/// Random weights and the Zipf-like router skew.
+pub mod weights;
+
+pub use config::{Capacity, DropPolicy, MoeConfig, WeightNorm};
+pub use forward::{experts_forward, ExpertVariant};
+pub use routing::{route, route_reference, select, Assignment, Routing, RoutingStats};
+pub use weights::MoeWeights;
+
+use kernel_common::{error::Result, KernelError, VariantSpec};
+
+/// Variants of the moe family (`--variant NAME`).
+pub const VARIANTS: &[(&str, &str)] = &[
+    (
+        "grouped",
+        "dispatch tokens per expert, three GEMMs per expert over its tokens (threads over expert chunks), weighted combine",
+    ),
+    (
+        "naive",
+        "per token, per kept assignment: three matrix-vector products (threads over tokens)",
+    ),
+];
+
+/// The variant for `spec`, or None when the name is not ours.
+pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<ExpertVariant>> {
+    let v = match spec.name.as_str() {
+        "grouped" => ExpertVariant::Grouped,
+        "naive" => ExpertVariant::Naive,
+        _ => return Ok(None),
+    };
+    spec.only(&[])?;
+    Ok(Some(v))
+}
+
+/// Parses a capacity: `dropless` or a factor > 0 (`1.25`).
+pub fn parse_capacity(text: &str) -> Result<Capacity> {
+    if text == "dropless" {
+        return Ok(Capacity::Dropless);
+    }
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(Capacity::Factor(f)),
+        _ => Err(KernelError::Unsupported(format!(
+            "capacity '{text}' is not dropless or a factor > 0"
+        ))),
+    }
+}
+
+/// The whole layer: route (f32 router), then the experts; returns the routing used.
+pub fn moe_forward(
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+    x: &[f32],
+    variant: ExpertVariant,
+    out: &mut [f32],
+) -> Result<Routing> {
+    w.check(cfg)?;
+    let routing = route(cfg, x, &w.router, &w.bias)?;
+    experts_forward(cfg, w, x, &routing, variant, out)?;
+    Ok(routing)
+}
