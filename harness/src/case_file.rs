@@ -28,7 +28,7 @@ pub struct CaseFile {
 }
 
 /// Families a case file may name and whether this workbench can replay them yet.
-pub const REPLAYABLE: &[&str] = &["attention", "paged", "quant"];
+pub const REPLAYABLE: &[&str] = &["attention", "paged", "quant", "moe"];
 
 impl CaseFile {
     /// Reads and parses `path`; accepts f32, f16, bf16, i32, i64 and u8 tensors.
@@ -42,7 +42,7 @@ impl CaseFile {
             .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
         let meta = header.metadata().clone().unwrap_or_default();
         let family = meta.get("family").cloned().ok_or_else(|| {
-            bad("__metadata__ has no \"family\" (attention, paged, quant)".into())
+            bad("__metadata__ has no \"family\" (attention, paged, quant, moe)".into())
         })?;
         if !REPLAYABLE.contains(&family.as_str()) {
             return Err(bad(format!(
@@ -201,6 +201,7 @@ fn needs(family: &str) -> &'static str {
     match family {
         "attention" => "q, k, v ([batch, heads, len, head_dim]) and optionally out",
         "paged" => "q, k_cache, v_cache, block_tables, context_lens and optionally out",
+        "moe" => "x [T, D], router [D, E], w_gate and w_up [E, D, F], w_down [E, F, D] (f32), optionally router_bias [E] and out",
         _ => "x ([rows, cols] f32), optionally q (u8 packed blocks) and out, act and y",
     }
 }

@@ -336,7 +336,13 @@ fn plot<R: Serialize>(p: &PlotSpec, rows: &[R], prov: &Provenance, path: &Path) 
                     .x_desc(p.x.as_str())
                     .y_desc(metric.as_str())
                     .x_labels(8)
-                    .x_label_formatter(&|x| format!("{x:.0}"))
+                    .x_label_formatter(&|x| {
+                        if x1 - x0 < 10.0 {
+                            format!("{x:.2}")
+                        } else {
+                            format!("{x:.0}")
+                        }
+                    })
                     .y_label_formatter(&|y| {
                         if p.log_y {
                             format!("{y:.0e}")

@@ -12,6 +12,7 @@ use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::{registry, Format};
 use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape};
 use kernel_common::{tolerance, Buffer, DType, Device, ErrorStats, Tolerance};
+use moe_kernels::{Capacity, DropPolicy, ExpertVariant, MoeConfig, MoeWeights, WeightNorm};
 use paged_kernels::{KvPool, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv};
 use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
 use serde::Serialize;
@@ -83,6 +84,12 @@ enum Job {
         x: Arc<Vec<f32>>,
     },
     Dequantize(Arc<QuantMatrix>),
+    Moe {
+        cfg: MoeConfig,
+        weights: Arc<MoeWeights>,
+        x: Arc<Vec<f32>>,
+        variant: ExpertVariant,
+    },
     Product {
         w: Arc<QuantMatrix>,
         act: Arc<Vec<f32>>,
@@ -144,6 +151,16 @@ fn execute(
                     .to_vec(),
             ),
             Job::Dequantize(m) => Output::Floats(m.dequantize()),
+            Job::Moe {
+                cfg,
+                weights,
+                x,
+                variant,
+            } => {
+                let mut out = vec![f32::NAN; x.len()];
+                moe_kernels::moe_forward(cfg, weights, x, *variant, &mut out)?;
+                Output::Floats(out)
+            }
             Job::Product {
                 w,
                 act,
@@ -358,6 +375,7 @@ fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     match case.family.as_str() {
         "attention" => prepare_attention(case, asked),
         "paged" => prepare_paged(case, asked),
+        "moe" => prepare_moe(case, asked),
         _ => prepare_quant(case, asked),
     }
 }
@@ -701,4 +719,114 @@ fn prepare_quant(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
         ));
     }
     Ok(Prepared { label, runs })
+}
+
+/// f32 values of a float tensor that must be F32.
+fn f32_tensor(case: &CaseFile, name: &str, t: &Tensor) -> Result<Vec<f32>> {
+    if t.dtype != safetensors::Dtype::F32 {
+        return Err(case.error(format!("tensor '{name}' must be F32, not {:?}", t.dtype)));
+    }
+    Ok(case.buffer(name, t)?.to_f32())
+}
+
+fn prepare_moe(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
+    let x = case.tensor("x", &[2])?;
+    let router = case.tensor("router", &[2])?;
+    let (wg, wu, wd) = (
+        case.tensor("w_gate", &[3])?,
+        case.tensor("w_up", &[3])?,
+        case.tensor("w_down", &[3])?,
+    );
+    let (tokens, d_model) = (x.shape[0], x.shape[1]);
+    let experts = router.shape[1];
+    let d_ff = wg.shape[2];
+    if router.shape[0] != d_model
+        || wg.shape != [experts, d_model, d_ff]
+        || wu.shape != wg.shape
+        || wd.shape != [experts, d_ff, d_model]
+    {
+        return Err(case.error(format!(
+            "shapes do not fit: x {:?}, router {:?}, w_gate {:?}, w_up {:?}, w_down {:?} (want x [T,D], router [D,E], w_gate = w_up [E,D,F], w_down [E,F,D])",
+            x.shape, router.shape, wg.shape, wu.shape, wd.shape
+        )));
+    }
+    let top_k = match case.meta.get("top_k").map(|v| v.parse::<usize>()) {
+        Some(Ok(k)) => k,
+        Some(Err(_)) => {
+            return Err(case.error(format!(
+                "metadata top_k='{}' is not an integer",
+                case.meta["top_k"]
+            )))
+        }
+        None => return Err(case.error("a moe case needs metadata \"top_k\"")),
+    };
+    let capacity = match case.meta.get("capacity") {
+        None => Capacity::Dropless,
+        Some(c) => moe_kernels::parse_capacity(c).map_err(|e| case.error(e))?,
+    };
+    let policy = match case.meta.get("policy").map(String::as_str) {
+        None | Some("score") => DropPolicy::Score,
+        Some("order") => DropPolicy::TokenOrder,
+        Some(o) => return Err(case.error(format!("metadata policy='{o}' is not score or order"))),
+    };
+    let norm = match case.meta.get("norm").map(String::as_str) {
+        None | Some("renormalize") => WeightNorm::Renormalize,
+        Some("raw") => WeightNorm::Raw,
+        Some(o) => return Err(case.error(format!("metadata norm='{o}' is not renormalize or raw"))),
+    };
+    let cfg = MoeConfig {
+        tokens,
+        d_model,
+        d_ff,
+        experts,
+        top_k,
+        norm,
+        capacity,
+        policy,
+    };
+    cfg.validate().map_err(|e| case.error(e))?;
+    let bias = match case.optional("router_bias", &[1])? {
+        Some(t) => f32_tensor(case, "router_bias", t)?,
+        None => vec![0.0; experts],
+    };
+    let weights = MoeWeights {
+        router: f32_tensor(case, "router", router)?,
+        bias,
+        w_gate: f32_tensor(case, "w_gate", wg)?,
+        w_up: f32_tensor(case, "w_up", wu)?,
+        w_down: f32_tensor(case, "w_down", wd)?,
+    };
+    weights.check(&cfg).map_err(|e| case.error(e))?;
+    let xs = f32_tensor(case, "x", x)?;
+    let exact = moe_kernels::route_reference(&cfg, &xs, &weights.router, &weights.bias)
+        .map_err(|e| case.error(e))?;
+    let all: Vec<usize> = (0..tokens).collect();
+    let reference = moe_kernels::reference::experts_reference(&cfg, &weights, &xs, &exact, &all);
+    let expect = Arc::new(Expect {
+        tol: tolerance(DType::F32).scaled_to(&reference),
+        reference: Some(reference),
+        stored: stored_floats(case, &x.shape)?,
+    });
+    let (weights, xs) = (Arc::new(weights), Arc::new(xs));
+    let mut runs = vec![];
+    for (name, _) in moe_kernels::VARIANTS {
+        if !wanted(asked, name) {
+            continue;
+        }
+        let (_, variant) = registry::moe_variant(name)?;
+        runs.push(Run {
+            name: name.to_string(),
+            job: Ok(Job::Moe {
+                cfg,
+                weights: weights.clone(),
+                x: xs.clone(),
+                variant,
+            }),
+            expect: expect.clone(),
+        });
+    }
+    Ok(Prepared {
+        label: cfg.label(),
+        runs,
+    })
 }

@@ -1,5 +1,5 @@
-//! `harness replay` end to end on case files written by third-party code (PyTorch SDPA and
-//! paged decode over SDPA in tests/cases, the `gguf` package's quantisers in
+//! `harness replay` end to end on case files written by third-party code (PyTorch SDPA, paged
+//! decode over SDPA and a Mixtral-style MoE in tests/cases, the `gguf` package's quantisers in
 //! kernels/quant/tests/data), on a tampered output (exit 1) and on corrupted files (exit 2
 //! with one line).
 
@@ -81,6 +81,23 @@ fn pytorch_paged_case_agrees() {
         assert!(r["vs_stored_rel_l2"].as_f64().unwrap() < 1e-5, "{r}");
         assert!(r["median_ms"].as_f64().unwrap() > 0.0, "{r}");
     }
+}
+
+#[test]
+fn pytorch_moe_case_agrees() {
+    let path = repo("tests/cases/moe_mixtral_top2.safetensors");
+    let (code, rows) = json_rows(&[&path], &[]);
+    assert_eq!(code, 0, "{rows:#?}");
+    assert_eq!(status_of(&rows, "grouped"), vec!["agree"]);
+    assert_eq!(status_of(&rows, "naive"), vec!["agree"]);
+    let stored = rows
+        .iter()
+        .find(|r| r["variant"] == "(stored out)")
+        .unwrap();
+    assert!(
+        stored["note"].as_str().unwrap().contains("within"),
+        "{stored}"
+    );
 }
 
 #[test]
@@ -208,7 +225,7 @@ fn corrupted_cases_are_one_line_exit_2() {
         ),
         (
             rewrite("moe", |_, m| {
-                m.insert("family".into(), "moe".into());
+                m.insert("family".into(), "spec".into());
             }),
             "cannot be replayed",
         ),

@@ -12,6 +12,9 @@ numpy and safetensors installed:
 - paged_decode_sdpa.safetensors: paged, 3 sequences of 54/97/150 tokens in a shuffled pool of
   16-token blocks (vLLM's tensor names), q of one new token per sequence; `out` is SDPA over
   each sequence's gathered K/V.
+- moe_mixtral_top2.safetensors: moe, 33 tokens through a Mixtral-style layer (8 SwiGLU
+  experts, softmax router, top-2 renormalised, dropless) written in plain PyTorch; `out` is
+  its output.
 """
 import math
 import torch
@@ -61,4 +64,30 @@ save_file(
     "paged_decode_sdpa.safetensors",
     metadata={"family": "paged", "generator": gen},
 )
-print("wrote 3 cases")
+print("wrote 3 attention/paged cases")
+
+# MoE: a Mixtral-style layer in plain PyTorch (softmax router, top-2, renormalised weights,
+# SwiGLU experts, dropless), weights stored the workbench's way: router [D, E] (= gate.weight.T),
+# w_gate / w_up [E, D, F] (= w1 / w3 .weight.T per expert), w_down [E, F, D] (= w2.weight.T).
+T, D, F_, E, K = 33, 24, 40, 8, 2
+x = torch.randn(T, D)
+router = torch.randn(D, E) / math.sqrt(D)
+w_gate = torch.randn(E, D, F_) / math.sqrt(D)
+w_up = torch.randn(E, D, F_) / math.sqrt(D)
+w_down = torch.randn(E, F_, D) / math.sqrt(F_)
+probs = torch.softmax(x @ router, dim=-1)
+top_p, top_i = probs.topk(K, dim=-1)
+top_p = top_p / top_p.sum(-1, keepdim=True)
+y = torch.zeros(T, D)
+for t in range(T):
+    for j in range(K):
+        e = int(top_i[t, j])
+        h = F.silu(x[t] @ w_gate[e]) * (x[t] @ w_up[e])
+        y[t] += top_p[t, j] * (h @ w_down[e])
+save_file(
+    {"x": x, "router": router, "w_gate": w_gate, "w_up": w_up, "w_down": w_down, "out": y},
+    "moe_mixtral_top2.safetensors",
+    metadata={"family": "moe", "top_k": "2", "capacity": "dropless", "norm": "renormalize",
+              "generator": f"torch {torch.__version__} (Mixtral-style top-2 SwiGLU MoE)"},
+)
+print("wrote the moe case")
