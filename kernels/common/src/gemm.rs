@@ -107,50 +107,14 @@ pub fn sgemm_with(
     c: &mut [f32],
     ldc: usize,
 ) {
-    if m == 0 || n == 0 {
+    if !check_views(m, k, n, a, sa, b, sb, c, ldc) {
         return;
     }
-    assert!(
-        k == 0 || a.len() > sa.last_index(m, k),
-        "A view out of bounds"
-    );
-    assert!(
-        k == 0 || b.len() > sb.last_index(k, n),
-        "B view out of bounds"
-    );
-    assert!(
-        c.len() > (m - 1) * ldc + n - 1 && n <= ldc,
-        "C view out of bounds"
-    );
     if backend == GemmBackend::Faer {
-        // SAFETY: the asserts above keep every access of the three views inside the slices.
-        // gemm's convention is dst = alpha·dst + beta·lhs·rhs.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                c.as_mut_ptr(),
-                1,
-                ldc as isize,
-                beta != 0.0,
-                a.as_ptr(),
-                sa.col as isize,
-                sa.row as isize,
-                b.as_ptr(),
-                sb.col as isize,
-                sb.row as isize,
-                beta,
-                alpha,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-        return;
+        let views = (a, sa, b, sb);
+        return faer(m, k, n, alpha, views, beta, c, ldc, gemm::Parallelism::None);
     }
-    // SAFETY: the asserts above keep every access of the three views inside the slices.
+    // SAFETY: check_views keeps every access of the three views inside the slices.
     unsafe {
         matrixmultiply::sgemm(
             m,
@@ -185,8 +149,27 @@ pub fn sgemm_parallel(
     c: &mut [f32],
     ldc: usize,
 ) {
+    if check_views(m, k, n, a, sa, b, sb, c, ldc) {
+        let par = gemm::Parallelism::Rayon(rayon::current_num_threads());
+        faer(m, k, n, 1.0, (a, sa, b, sb), 0.0, c, ldc, par);
+    }
+}
+
+/// Panics when a view would leave its slice; false when the product is empty.
+#[allow(clippy::too_many_arguments)]
+fn check_views(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    sa: Strides,
+    b: &[f32],
+    sb: Strides,
+    c: &[f32],
+    ldc: usize,
+) -> bool {
     if m == 0 || n == 0 {
-        return;
+        return false;
     }
     assert!(
         k == 0 || a.len() > sa.last_index(m, k),
@@ -200,7 +183,24 @@ pub fn sgemm_parallel(
         c.len() > (m - 1) * ldc + n - 1 && n <= ldc,
         "C view out of bounds"
     );
-    // SAFETY: the asserts above keep every access of the three views inside the slices.
+    true
+}
+
+/// faer's `gemm` on views `check_views` accepted (its convention: dst = alpha·dst +
+/// beta·lhs·rhs, so our alpha and beta swap places).
+#[allow(clippy::too_many_arguments)]
+fn faer(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    (a, sa, b, sb): (&[f32], Strides, &[f32], Strides),
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    par: gemm::Parallelism,
+) {
+    // SAFETY: the caller checked every view with `check_views`.
     unsafe {
         gemm::gemm(
             m,
@@ -209,19 +209,19 @@ pub fn sgemm_parallel(
             c.as_mut_ptr(),
             1,
             ldc as isize,
-            false,
+            beta != 0.0,
             a.as_ptr(),
             sa.col as isize,
             sa.row as isize,
             b.as_ptr(),
             sb.col as isize,
             sb.row as isize,
-            0.0,
-            1.0,
+            beta,
+            alpha,
             false,
             false,
             false,
-            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            par,
         );
     }
 }

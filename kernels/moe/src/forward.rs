@@ -131,32 +131,10 @@ fn grouped(cfg: &MoeConfig, w: &MoeWeights, x: &[f32], routing: &Routing, out: &
             let wg = &w.w_gate[ex * d * f..(ex + 1) * d * f];
             let wu = &w.w_up[ex * d * f..(ex + 1) * d * f];
             let wd = &w.w_down[ex * f * d..(ex + 1) * f * d];
-            sgemm(
-                n,
-                d,
-                f,
-                1.0,
-                &xs,
-                Strides::row_major(d),
-                wg,
-                Strides::row_major(f),
-                0.0,
-                &mut g,
-                f,
-            );
-            sgemm(
-                n,
-                d,
-                f,
-                1.0,
-                &xs,
-                Strides::row_major(d),
-                wu,
-                Strides::row_major(f),
-                0.0,
-                &mut u,
-                f,
-            );
+            for (wm, dst) in [(wg, &mut g), (wu, &mut u)] {
+                let (sx, sw) = (Strides::row_major(d), Strides::row_major(f));
+                sgemm(n, d, f, 1.0, &xs, sx, wm, sw, 0.0, dst, f);
+            }
             for (r, (gr, ur)) in g.chunks_mut(f).zip(u.chunks(f)).enumerate() {
                 let weight = task.tokens[r].1;
                 for (gv, &uv) in gr.iter_mut().zip(ur) {
