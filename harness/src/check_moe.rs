@@ -1,5 +1,6 @@
-//! `harness check --family moe`: random layers (2..64 experts, k 1..4, odd widths, every
-//! capacity factor regime, both drop policies and weight rules, router skew) and the edge cases
+//! `harness check --family moe`: random layers (1..=4096 tokens, 2..64 experts, k 1..4, odd
+//! widths, every capacity factor regime, both drop policies and weight rules, router skew) and
+//! the edge cases
 //! (every token on one expert, capacity 1, more experts than tokens, k = experts): the f32
 //! router's probabilities against the f64 router's (`router` rows), then each expert variant on
 //! NaN-poisoned output against the f64 reference of the same routing.
@@ -27,10 +28,15 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
     let mut out = vec![];
     for _ in 0..n {
         let experts = r.gen_range(2..=64);
+        // Tokens log-uniform over 1..=4096; widths shrink as tokens grow so the f64 reference
+        // stays quick.
+        let tokens = 1usize << r.gen_range(0..=12);
+        let tokens = r.gen_range(tokens..=(2 * tokens).min(4096));
+        let wide = tokens <= 512;
         let cfg = MoeConfig {
-            tokens: r.gen_range(1..=300),
-            d_model: r.gen_range(1..=96),
-            d_ff: r.gen_range(1..=160),
+            tokens,
+            d_model: r.gen_range(1..=if wide { 96 } else { 24 }),
+            d_ff: r.gen_range(1..=if wide { 160 } else { 40 }),
             experts,
             top_k: r.gen_range(1..=4usize).min(experts),
             norm: if r.gen_bool(0.5) {

@@ -67,34 +67,3 @@ pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<MatVecVariant>> {
         _ => Ok(None),
     }
 }
-
-/// One product problem: `batch` activations against a `rows` × `cols` weight matrix stored
-/// as `format`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MatVecShape {
-    pub rows: usize,
-    pub cols: usize,
-    pub batch: usize,
-    pub format: WeightFormat,
-}
-
-impl MatVecShape {
-    /// Checks sizes and that the format can store rows of `cols`.
-    pub fn validate(&self) -> Result<()> {
-        if self.rows == 0 || self.batch == 0 {
-            return Err(KernelError::InvalidShape(format!(
-                "rows ({}) and batch ({}) must be > 0",
-                self.rows, self.batch
-            )));
-        }
-        self.format.validate(self.cols)
-    }
-
-    /// `4096x4096 b1 q4_0`.
-    pub fn label(&self) -> String {
-        format!(
-            "{}x{} b{} {}",
-            self.rows, self.cols, self.batch, self.format
-        )
-    }
-}
