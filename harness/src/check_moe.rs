@@ -1,9 +1,8 @@
 //! `harness check --family moe`: random layers (1..=4096 tokens, 2..64 experts, k 1..4, odd
 //! widths, every capacity factor regime, both drop policies and weight rules, router skew) and
-//! the edge cases
-//! (every token on one expert, capacity 1, more experts than tokens, k = experts): the f32
-//! router's probabilities against the f64 router's (`router` rows), then each expert variant on
-//! NaN-poisoned output against the f64 reference of the same routing.
+//! the edge cases (every token on one expert, capacity 1, more experts than tokens,
+//! k = experts): the f32 router's probabilities against the f64 router's (`router` rows), then
+//! each expert variant on NaN-poisoned output against the f64 reference of the same routing.
 
 use crate::check::Ctx;
 use crate::error::Result;
