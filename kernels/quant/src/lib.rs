@@ -31,7 +31,7 @@ use kernel_common::{error::Result, KernelError, VariantSpec};
 pub const VARIANTS: &[(&str, &str)] = &[
     (
         "fused",
-        "dequantise on the fly: in-register GEMV at batch 1, decoded-tile GEMM above; param isa (auto | portable)",
+        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; param isa (auto | portable)",
     ),
     (
         "dequant",
