@@ -15,11 +15,12 @@ use quant_kernels::{
 };
 use rand::Rng;
 
-const VARIANTS: [(&str, MatVecVariant); 4] = [
+const VARIANTS: [(&str, MatVecVariant); 5] = [
     ("fused", MatVecVariant::Fused(Isa::Auto)),
     ("fused:isa=portable", MatVecVariant::Fused(Isa::Portable)),
     ("dequant", MatVecVariant::Dequant),
     ("faer", MatVecVariant::Faer),
+    ("fused:act=q8", MatVecVariant::FusedQ8),
 ];
 
 /// One check case: a format, a matrix shape, a batch and how weights are drawn.
@@ -123,12 +124,13 @@ pub(crate) fn check_quant(ctx: &mut Ctx) -> Result<()> {
         );
         let m = QuantMatrix::quantize(case.format, case.rows, case.cols, &w)?;
         let x = normal_f32(&mut rng(seed ^ 1), case.batch * case.cols, 1.0);
-        let want = reference::matmul(&m, &x, case.batch);
-        let tol = tolerance(DType::F32).scaled_to(&want);
         for (name, variant) in VARIANTS {
             if supports(variant, case.format).is_err() {
                 continue;
             }
+            let seen = quant_kernels::activation_as_seen(variant, &x, case.cols);
+            let want = reference::matmul(&m, &seen, case.batch);
+            let tol = tolerance(DType::F32).scaled_to(&want);
             let mut y = vec![f32::NAN; case.batch * case.rows];
             let outcome = matmul(&m, &x, case.batch, &mut y, variant)
                 .map(|_| ErrorStats::compare(&y, &want))

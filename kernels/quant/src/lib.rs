@@ -22,7 +22,7 @@ pub mod weights;
 
 pub use format::{ScaleType, WeightFormat};
 pub use matrix::{QuantError, QuantMatrix};
-pub use matvec::{matmul, supports, Isa, MatVecVariant};
+pub use matvec::{activation_as_seen, matmul, supports, Isa, MatVecVariant};
 pub use weights::WeightDist;
 
 use kernel_common::{error::Result, KernelError, VariantSpec};
@@ -31,7 +31,7 @@ use kernel_common::{error::Result, KernelError, VariantSpec};
 pub const VARIANTS: &[(&str, &str)] = &[
     (
         "fused",
-        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; param isa (auto | portable)",
+        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | portable), act (f32 | q8: int8 activations and VNNI dot products, llama.cpp's path)",
     ),
     (
         "dequant",
@@ -47,7 +47,23 @@ pub const VARIANTS: &[(&str, &str)] = &[
 pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<MatVecVariant>> {
     match spec.name.as_str() {
         "fused" => {
-            spec.only(&["isa"])?;
+            spec.only(&["isa", "act"])?;
+            match spec.params.get("act").map_or("f32", String::as_str) {
+                "f32" => {}
+                "q8" if !spec.params.contains_key("isa") => {
+                    return Ok(Some(MatVecVariant::FusedQ8))
+                }
+                "q8" => {
+                    return Err(KernelError::Unsupported(
+                        "fused: act=q8 has one kernel (AVX-512 VNNI); drop isa".into(),
+                    ))
+                }
+                other => {
+                    return Err(KernelError::Unsupported(format!(
+                        "fused: act must be f32 or q8, got '{other}'"
+                    )))
+                }
+            }
             match spec.params.get("isa").map_or("auto", String::as_str) {
                 "auto" => Ok(Some(MatVecVariant::Fused(Isa::Auto))),
                 "portable" => Ok(Some(MatVecVariant::Fused(Isa::Portable))),

@@ -17,7 +17,7 @@
 //! baseline: all of W dequantised to f32 on every call, then the f32 product;
 //! `MatVecVariant::Faer` the library baseline: f32 weights, one faer GEMM call.
 
-use crate::avx512::{self, BlockPlan};
+use crate::avx512::{self, q8act, BlockPlan};
 use crate::format::WeightFormat;
 use crate::matrix::QuantMatrix;
 use kernel_common::gemm::{sgemm, sgemm_parallel, Strides};
@@ -44,6 +44,10 @@ pub enum MatVecVariant {
     /// f32 weights only: one whole-matrix GEMM by faer (its own packing and threading), the
     /// library baseline for the f32 kernels.
     Faer,
+    /// llama.cpp's CPU path: the activation quantised to int8 per 32 values, integer dot
+    /// products (AVX-512 VNNI) against 4- or 8-bit codes (`avx512::q8act`); batch > 1 runs it
+    /// per activation.
+    FusedQ8,
 }
 
 /// Whether `variant` can multiply weights stored as `format`.
@@ -53,7 +57,28 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
             "faer multiplies f32 weights, not {format}"
         )));
     }
+    if variant == MatVecVariant::FusedQ8 {
+        if !BlockPlan::for_format(format).is_some_and(|p| q8act::supports(&p)) {
+            return Err(KernelError::Unsupported(format!(
+                "act=q8 takes 4- or 8-bit codes in groups of 32k without a separate minimum (q4_0, q8_0, sym/asym 4 and 8), not {format}"
+            )));
+        }
+        if !q8act::available() {
+            return Err(KernelError::Unsupported(
+                "act=q8 needs AVX-512 VNNI, which this CPU lacks".into(),
+            ));
+        }
+    }
     Ok(())
+}
+
+/// The activation a variant actually multiplies: x itself, or for `FusedQ8` its int8
+/// quantisation dequantised (what the reference must use to judge that variant).
+pub fn activation_as_seen(variant: MatVecVariant, x: &[f32], cols: usize) -> Vec<f32> {
+    match variant {
+        MatVecVariant::FusedQ8 => x.chunks(cols).flat_map(q8act::activation_as_seen).collect(),
+        _ => x.to_vec(),
+    }
 }
 
 /// Rows per thread task.
@@ -111,6 +136,13 @@ pub fn matmul(
                 y,
                 w.rows,
             );
+            Ok(())
+        }
+        MatVecVariant::FusedQ8 => {
+            let plan = BlockPlan::for_format(w.format).expect("supports() checked the format");
+            for (xb, yb) in x.chunks(w.cols).zip(y.chunks_mut(w.rows)) {
+                gemv_q8(w, &plan, &q8act::quantize_activation(&plan, xb), yb);
+            }
             Ok(())
         }
         MatVecVariant::Dequant => {
@@ -337,6 +369,36 @@ fn gemv(w: &QuantMatrix, x: &[f32], y: &mut [f32], kernel: &Kernel) {
                 *o = row_portable(w, r0 + j, x, &mut scratch);
             }
         });
+}
+
+#[cfg(target_arch = "x86_64")]
+fn gemv_q8(w: &QuantMatrix, plan: &BlockPlan, act: &q8act::Q8Activation, y: &mut [f32]) {
+    let nblocks = w.cols / plan.values;
+    y.par_chunks_mut(TASK_ROWS)
+        .enumerate()
+        .for_each(|(t, out)| {
+            let r0 = t * TASK_ROWS;
+            let mut i = 0;
+            // SAFETY: `supports()` checked the format and `q8act::available()`; the kernel asserts
+            // that rows and activation cover the blocks.
+            unsafe {
+                while i + 4 <= out.len() {
+                    let r = r0 + i;
+                    let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
+                    let four = q8act::rows_dot_q8::<4>(plan, rows, nblocks, act);
+                    out[i..i + 4].copy_from_slice(&four);
+                    i += 4;
+                }
+                for (j, o) in out.iter_mut().enumerate().skip(i) {
+                    *o = q8act::rows_dot_q8::<1>(plan, [w.row(r0 + j)], nblocks, act)[0];
+                }
+            }
+        });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn gemv_q8(_: &QuantMatrix, _: &BlockPlan, _: &q8act::Q8Activation, _: &mut [f32]) {
+    unreachable!("supports() refuses act=q8 off x86-64");
 }
 
 /// One row: decode a few blocks into scratch, dot them with x.

@@ -8,7 +8,8 @@ use kernel_common::{tolerance, DType, ErrorStats};
 use proptest::prelude::*;
 use quant_kernels::group::{block_affine, raw_scale, stored_scale};
 use quant_kernels::{
-    matmul, reference, Isa, MatVecVariant, QuantMatrix, ScaleType, WeightDist, WeightFormat,
+    activation_as_seen, matmul, reference, Isa, MatVecVariant, QuantMatrix, ScaleType, WeightDist,
+    WeightFormat,
 };
 
 fn group_format(asym: bool, bits: u8, group: usize, s32: bool) -> WeightFormat {
@@ -20,20 +21,22 @@ fn group_format(asym: bool, bits: u8, group: usize, s32: bool) -> WeightFormat {
     }
 }
 
-const VARIANTS: [MatVecVariant; 4] = [
+const VARIANTS: [MatVecVariant; 5] = [
     MatVecVariant::Fused(Isa::Auto),
     MatVecVariant::Fused(Isa::Portable),
     MatVecVariant::Dequant,
     MatVecVariant::Faer,
+    MatVecVariant::FusedQ8,
 ];
 
 fn check_products(m: &QuantMatrix, batch: usize, seed: u64) {
     let x = normal_f32(&mut rng(seed), batch * m.cols, 1.0);
-    let want = reference::matmul(m, &x, batch);
     for v in VARIANTS {
         if quant_kernels::supports(v, m.format).is_err() {
             continue;
         }
+        // FusedQ8 multiplies the int8-quantised activation: the reference takes that one.
+        let want = reference::matmul(m, &activation_as_seen(v, &x, m.cols), batch);
         let mut y = vec![f32::NAN; batch * m.rows];
         matmul(m, &x, batch, &mut y, v).unwrap();
         let stats = ErrorStats::compare(&y, &want);
@@ -164,6 +167,9 @@ fn bad_calls_are_errors() {
     assert!(matmul(&m, &[1.0; 64], 2, &mut y, MatVecVariant::Dequant).is_err());
     let e = matmul(&m, &[1.0; 32], 1, &mut y, MatVecVariant::Faer).unwrap_err();
     assert!(e.to_string().contains("faer multiplies f32 weights"), "{e}");
+    let q41 = QuantMatrix::quantize(WeightFormat::Q4_1, 2, 32, &[0.5; 64]).unwrap();
+    let e = matmul(&q41, &[1.0; 32], 1, &mut y, MatVecVariant::FusedQ8).unwrap_err();
+    assert!(e.to_string().contains("act=q8"), "{e}");
     assert!(
         QuantMatrix::quantize(WeightFormat::parse("sym4g30").unwrap(), 1, 32, &[0.0; 32]).is_err()
     );

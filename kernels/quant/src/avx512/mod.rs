@@ -18,6 +18,8 @@ use crate::format::{ScaleType, WeightFormat};
 
 /// The B = 1 kernel (GEMV).
 pub mod gemv;
+/// The int8-activation GEMV (llama.cpp's CPU path): integer dot products with VNNI.
+pub mod q8act;
 /// The B ≤ 4 register-tile kernel (small-batch GEMM) and its dense f32/f16 twin.
 pub mod tile;
 
@@ -130,6 +132,14 @@ pub(crate) trait Affine {
     /// # Safety
     /// `p` points at a block header of this kind; F16C is available.
     unsafe fn affine(p: *const u8) -> (f32, f32);
+    /// The block's zero point as a code (asymmetric formats), else 0.
+    ///
+    /// # Safety
+    /// As `affine`.
+    #[inline(always)]
+    unsafe fn zero(_p: *const u8) -> i32 {
+        0
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -174,6 +184,10 @@ impl<const F32: bool> Affine for ScaleZeroByte<F32> {
     unsafe fn affine(p: *const u8) -> (f32, f32) {
         let a = scale_at::<F32>(p);
         (a, -a * *p.add(if F32 { 4 } else { 2 }) as f32)
+    }
+    #[inline(always)]
+    unsafe fn zero(p: *const u8) -> i32 {
+        *p.add(if F32 { 4 } else { 2 }) as i32
     }
 }
 
