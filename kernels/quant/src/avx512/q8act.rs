@@ -35,7 +35,9 @@ pub fn available() -> bool {
 /// Whether `plan`'s format fits: 4-bit or 8-bit codes in groups of whole 32-value chunks, and
 /// no separate additive term (Q4_1's min is not supported here).
 pub fn supports(plan: &BlockPlan) -> bool {
-    matches!(plan.bits, 4 | 8) && plan.values % 32 == 0 && !matches!(plan.header, Header::ScaleMin)
+    matches!(plan.bits, 4 | 8)
+        && plan.values.is_multiple_of(32)
+        && !matches!(plan.header, Header::ScaleMin)
 }
 
 /// An activation quantised per 32 values: codes in the order the weights' codes come in.
