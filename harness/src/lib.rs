@@ -19,6 +19,8 @@ pub mod exp;
 pub mod exp_moe;
 /// `harness exp` for the quant family: formats × shapes × weights × batch.
 pub mod exp_quant;
+/// `harness generate`: greedy generation with a GGUF llama checkpoint.
+pub mod generate;
 /// Host, CPU, git and rustc facts for provenance.
 pub mod machine;
 /// Warm-up, cache flushing, repetitions and percentiles.

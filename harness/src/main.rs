@@ -1,10 +1,10 @@
-//! The `harness` command line: list, check, exp, replay, roofline, render. Every error is one line on
+//! The `harness` command line: list, check, exp, replay, generate, roofline, render. Every error is one line on
 //! stderr and exit code 2; a check or experiment with a wrong answer exits 1.
 
 use clap::{Args, Parser, Subcommand};
 use harness::error::{HarnessError, Result};
 use harness::{
-    check, exp, machine, registry, render, replay, roofline, spec::ExperimentSpec, Format,
+    check, exp, generate, machine, registry, render, replay, roofline, spec::ExperimentSpec, Format,
 };
 use kernel_common::{DType, Device};
 use std::path::PathBuf;
@@ -114,6 +114,39 @@ enum Command {
         reps: usize,
         #[command(flatten)]
         common: Common,
+    },
+    /// Generate text with a real checkpoint (a GGUF llama file such as SmolLM2-135M-Instruct,
+    /// fetched by scripts/fetch-models.sh): greedy, streamed to the terminal, or one JSON
+    /// object with ids, text, time to first token and time per output token.
+    Generate {
+        /// A GGUF llama file (F32/F16/Q8_0/Q4_0/Q4_1 tensors).
+        #[arg(long)]
+        model: PathBuf,
+        /// Prompt text (tokenised with the file's tokenizer; no BOS is added).
+        #[arg(long, conflicts_with = "prompt_ids")]
+        prompt: Option<String>,
+        /// Prompt token ids, e.g. 1,4093,198.
+        #[arg(long, value_delimiter = ',')]
+        prompt_ids: Option<Vec<u32>>,
+        /// Tokens to generate (fewer if the end-of-sequence token comes first).
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+        /// Generate exactly --max-new-tokens, ignoring end-of-sequence.
+        #[arg(long)]
+        ignore_eos: bool,
+        /// 0 = greedy (the only decoding implemented so far).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        /// Attention variant: naive, flash2, paged (prompts above 16 tokens go through flash2),
+        /// with parameters, e.g. paged:bs=32.
+        #[arg(long, default_value = "flash2")]
+        attention: String,
+        /// Worker threads (default: all logical cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// text streams the generation; json prints one object at the end.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Regenerate the .md and .svg of a run from its CSV and JSON.
     Render {
@@ -259,6 +292,29 @@ fn run(cli: Cli) -> Result<i32> {
                 variants,
                 reps,
                 format: common.format,
+            })
+        }
+        Command::Generate {
+            model,
+            prompt,
+            prompt_ids,
+            max_new_tokens,
+            ignore_eos,
+            temperature,
+            attention,
+            threads,
+            format,
+        } => {
+            set_threads(threads)?;
+            generate::run(&generate::GenerateOptions {
+                model,
+                prompt,
+                prompt_ids,
+                max_new_tokens,
+                ignore_eos,
+                temperature,
+                attention,
+                format,
             })
         }
         Command::Render { csv } => {

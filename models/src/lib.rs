@@ -1,2 +1,22 @@
-//! The reference generation pipeline (placeholder crate): its module plan is in README.md;
-//! the code arrives with the pipeline issue, on top of the attention and paged kernel crates.
+//! The reference generation pipeline, first part: GGUF loading, the file's byte-level BPE
+//! tokenizer, and a Llama decoder whose every projection and attention call goes through the
+//! kernel crates, with greedy generation. KV block management, batching, sampling and the
+//! other checkpoint formats are still to come (module plan in README.md).
+
+/// GGUF v2/v3 reader.
+pub mod gguf;
+/// The Llama decoder (GGUF weights, kernel-crate products).
+pub mod llama;
+/// Byte-level BPE from GGUF metadata.
+pub mod tokenizer;
+
+pub use gguf::Gguf;
+pub use llama::{Llama, LlamaConfig};
+pub use tokenizer::TextTokenizer;
+
+/// Where `scripts/fetch-models.sh` puts SmolLM2-135M-Instruct (Q4_1), if it has run.
+pub fn smollm2_path() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("cache")
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}

@@ -1,0 +1,113 @@
+//! `harness generate` end to end: greedy text from SmolLM2-135M-Instruct (skipped with a message
+//! when scripts/fetch-models.sh has not run) equals transformers' continuation, and bad input
+//! (a missing or non-GGUF file, ids outside the vocabulary, sampling, no prompt) is one line
+//! and exit 2.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_harness");
+
+fn model() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/cache/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "SKIPPED: {} is absent (run scripts/fetch-models.sh)",
+            p.display()
+        );
+        None
+    }
+}
+
+fn generate(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("generate")
+        .args(args)
+        .output()
+        .expect("the harness binary runs")
+}
+
+fn one_line_exit_2(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(needle), "want '{needle}' in {stderr}");
+}
+
+#[test]
+fn greedy_json_matches_transformers() {
+    let Some(m) = model() else { return };
+    let out = generate(&[
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--max-new-tokens",
+        "24",
+        "--format",
+        "json",
+        "--threads",
+        "2",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(include_str!(
+        "../../models/tests/data/smollm2_transformers_greedy.json"
+    ))
+    .unwrap();
+    let want = &fixture["cases"][0];
+    assert_eq!(v["prompt_ids"], want["prompt_ids"]);
+    assert_eq!(v["generated_ids"], want["greedy_ids"]);
+    assert_eq!(v["text"], want["text"]);
+    assert!(v["ttft_ms"].as_f64().unwrap() > 0.0 && v["tokens_per_s"].as_f64().unwrap() > 0.0);
+    // --ignore-eos generates exactly N tokens even through the chat template's end token.
+    let out = generate(&[
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1,4093,198,1780,314,216,34,27,34,47,2,198,1,520,9531,198",
+        "--max-new-tokens",
+        "10",
+        "--ignore-eos",
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 10);
+}
+
+#[test]
+fn bad_generate_input_is_one_line() {
+    one_line_exit_2(
+        &generate(&["--model", "/no/such.gguf", "--prompt", "hi"]),
+        "cannot read",
+    );
+    let not_gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    one_line_exit_2(
+        &generate(&["--model", not_gguf.to_str().unwrap(), "--prompt", "hi"]),
+        "only GGUF",
+    );
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    one_line_exit_2(
+        &generate(&["--model", m, "--prompt-ids", "99999"]),
+        "outside the vocabulary",
+    );
+    one_line_exit_2(
+        &generate(&["--model", m, "--prompt", "hi", "--temperature", "0.7"]),
+        "greedy",
+    );
+    one_line_exit_2(&generate(&["--model", m]), "exactly one of");
+    one_line_exit_2(
+        &generate(&["--model", m, "--prompt", "hi", "--max-new-tokens", "9000"]),
+        "exceed",
+    );
+}

@@ -1,0 +1,145 @@
+//! The pipeline end to end on the real SmolLM2-135M-Instruct (GGUF, Q4_1, fetched by
+//! scripts/fetch-models.sh; the tests say so and pass when it is absent): the tokenizer and the
+//! greedy continuation of four prompts equal Hugging Face transformers' (tests/data, written by
+//! make_reference.py), greedy tokens do not depend on the attention variant, and bad input is
+//! one clear error. GGUF parsing errors are checked on crafted bytes, with no model needed.
+
+use models::{smollm2_path, Gguf, Llama, TextTokenizer};
+use std::path::Path;
+
+fn model() -> Option<Gguf> {
+    let p = smollm2_path();
+    if !p.exists() {
+        eprintln!(
+            "SKIPPED: {} is absent (run scripts/fetch-models.sh)",
+            p.display()
+        );
+        return None;
+    }
+    Some(Gguf::open(&p).expect("the fetched model parses"))
+}
+
+fn reference() -> serde_json::Value {
+    let text = include_str!("data/smollm2_transformers_greedy.json");
+    serde_json::from_str(text).expect("fixture is JSON")
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn tokenizer_and_greedy_match_transformers() {
+    let Some(g) = model() else { return };
+    let tok = TextTokenizer::from_gguf(&g).unwrap();
+    let mut m = Llama::from_gguf(&g, "flash2").unwrap();
+    let r = reference();
+    for case in r["cases"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let want_prompt = ids(&case["prompt_ids"]);
+        assert_eq!(
+            tok.encode(prompt).unwrap(),
+            want_prompt,
+            "tokens of {prompt:?}"
+        );
+        let want = ids(&case["greedy_ids"]);
+        let got = m.greedy(&want_prompt, want.len(), tok.eos).unwrap();
+        assert_eq!(got, want, "greedy continuation of {prompt:?}");
+        assert_eq!(tok.decode(&got).unwrap(), case["text"].as_str().unwrap());
+    }
+}
+
+#[test]
+fn attention_variants_give_the_same_tokens() {
+    let Some(g) = model() else { return };
+    let tok = TextTokenizer::from_gguf(&g).unwrap();
+    let prompt = tok.encode("Once upon a time, in a small village,").unwrap();
+    let mut outs = vec![];
+    for attention in [
+        "naive",
+        "flash2",
+        "flash2:br=16,bc=32",
+        "paged:bs=16",
+        "paged:bs=1",
+    ] {
+        let mut m = Llama::from_gguf(&g, attention).unwrap();
+        outs.push((attention, m.greedy(&prompt, 16, None).unwrap()));
+    }
+    for (name, o) in &outs[1..] {
+        assert_eq!(o, &outs[0].1, "{name} vs naive");
+    }
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let Some(g) = model() else { return };
+    let mut m = Llama::from_gguf(&g, "flash2").unwrap();
+    let e = m.forward(&[49152]).unwrap_err().to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    let long = vec![1u32; m.cfg.context + 1];
+    let e = m.forward(&long).unwrap_err().to_string();
+    assert!(e.contains("exceed the context"), "{e}");
+    assert!(Llama::from_gguf(&g, "nosuch").is_err());
+}
+
+/// A minimal GGUF v3: one metadata string and one F32 tensor of `dims`.
+fn tiny_gguf(magic: &[u8], ggml_type: u32, dims: &[u64], data: usize) -> Vec<u8> {
+    let mut b = magic.to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(1u64.to_le_bytes()); // tensors
+    b.extend(1u64.to_le_bytes()); // kv
+    let s = |b: &mut Vec<u8>, t: &str| {
+        b.extend((t.len() as u64).to_le_bytes());
+        b.extend(t.as_bytes());
+    };
+    s(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    s(&mut b, "llama");
+    s(&mut b, "w");
+    b.extend((dims.len() as u32).to_le_bytes());
+    for d in dims {
+        b.extend(d.to_le_bytes());
+    }
+    b.extend(ggml_type.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.resize(b.len().div_ceil(32) * 32 + data, 0);
+    b
+}
+
+#[test]
+fn malformed_gguf_is_one_clear_error() {
+    let path = Path::new("crafted.gguf");
+    let good = tiny_gguf(b"GGUF", 0, &[4, 2], 32);
+    let g = Gguf::parse(path, good.clone()).unwrap();
+    assert_eq!(g.string("general.architecture").unwrap(), "llama");
+    assert_eq!(g.matrix("w").unwrap().rows, 2);
+    let err = |bytes: Vec<u8>| Gguf::parse(path, bytes).err().map(|e| e.to_string());
+    assert!(err(tiny_gguf(b"GGML", 0, &[4, 2], 32))
+        .unwrap()
+        .contains("wrong magic"));
+    assert!(err(good[..40].to_vec()).unwrap().contains("truncated"));
+    let unknown = Gguf::parse(path, tiny_gguf(b"GGUF", 14, &[256, 2], 0)).unwrap();
+    let e = unknown.matrix("w").unwrap_err().to_string();
+    assert!(e.contains("ggml type 14"), "{e}");
+    let short = Gguf::parse(path, tiny_gguf(b"GGUF", 0, &[4, 2], 16)).unwrap();
+    assert!(short
+        .matrix("w")
+        .unwrap_err()
+        .to_string()
+        .contains("truncated"));
+    assert!(g
+        .matrix("missing")
+        .unwrap_err()
+        .to_string()
+        .contains("missing"));
+    assert!(g
+        .uint("llama.block_count")
+        .unwrap_err()
+        .to_string()
+        .contains("missing"));
+    assert!(e.contains("crafted.gguf: "), "errors name the file: {e}");
+}
