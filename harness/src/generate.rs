@@ -5,6 +5,7 @@
 
 use crate::error::{HarnessError, Result};
 use crate::Format;
+use models::llama::argmax;
 use models::{Gguf, Llama, TextTokenizer};
 use serde::Serialize;
 use std::io::Write;
@@ -33,15 +34,6 @@ pub struct Generation {
     pub ttft_ms: f64,
     pub tpot_ms: Option<f64>,
     pub tokens_per_s: Option<f64>,
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        .map(|(i, _)| i as u32)
-        .expect("a non-empty vocabulary")
 }
 
 /// Runs the generation; returns the exit code.

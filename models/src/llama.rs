@@ -54,6 +54,16 @@ pub struct Llama {
     pub len: usize,
 }
 
+/// The greedy choice: the largest logit, the lowest id on ties.
+pub fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        .map(|(i, _)| i as u32)
+        .expect("a non-empty vocabulary")
+}
+
 const PROJ: MatVecVariant = MatVecVariant::Fused(Isa::Auto);
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
@@ -280,12 +290,7 @@ impl Llama {
         let mut out = vec![];
         let mut logits = self.forward(prompt)?;
         for _ in 0..max_new {
-            let next = logits
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-                .map(|(i, _)| i as u32)
-                .expect("a non-empty vocabulary");
+            let next = argmax(&logits);
             out.push(next);
             if Some(next) == eos || out.len() == max_new {
                 break;
