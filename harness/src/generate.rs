@@ -1,12 +1,12 @@
-//! `harness generate`: greedy generation with a real checkpoint (a GGUF llama file, e.g.
-//! SmolLM2-135M-Instruct from scripts/fetch-models.sh) on the kernel crates: text streams to
+//! `harness generate`: generation with a real checkpoint (a GGUF llama file, e.g.
+//! SmolLM2-135M-Instruct from scripts/fetch-models.sh) on the kernel crates, greedy or sampled
+//! (temperature, top-k, top-p, seeded): text streams to
 //! the terminal as tokens are produced, or one JSON object with the ids, the text and the
 //! timings (time to first token, time per output token, tokens/s).
 
 use crate::error::{HarnessError, Result};
 use crate::Format;
-use models::llama::argmax;
-use models::{Gguf, Llama, TextTokenizer};
+use models::{Gguf, Llama, Sampler, SamplerConfig, TextTokenizer};
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ pub struct GenerateOptions {
     pub prompt_ids: Option<Vec<u32>>,
     pub max_new_tokens: usize,
     pub ignore_eos: bool,
-    pub temperature: f64,
+    pub sampler: SamplerConfig,
     pub attention: String,
     pub format: Format,
 }
@@ -38,11 +38,7 @@ pub struct Generation {
 
 /// Runs the generation; returns the exit code.
 pub fn run(opts: &GenerateOptions) -> Result<i32> {
-    if opts.temperature != 0.0 {
-        return Err(HarnessError::Usage(
-            "only greedy decoding (--temperature 0) is implemented so far; sampling comes with the sampler".into(),
-        ));
-    }
+    let mut sampler = Sampler::new(opts.sampler)?;
     if opts.max_new_tokens == 0 {
         return Err(HarnessError::Usage(
             "--max-new-tokens must be at least 1".into(),
@@ -91,7 +87,7 @@ pub fn run(opts: &GenerateOptions) -> Result<i32> {
     let mut ttft = 0.0;
     let mut printed = 0;
     loop {
-        let next = argmax(&logits);
+        let next = sampler.sample(&logits);
         generated.push(next);
         if generated.len() == 1 {
             ttft = started.elapsed().as_secs_f64();

@@ -116,8 +116,8 @@ enum Command {
         common: Common,
     },
     /// Generate text with a real checkpoint (a GGUF llama file such as SmolLM2-135M-Instruct,
-    /// fetched by scripts/fetch-models.sh): greedy, streamed to the terminal, or one JSON
-    /// object with ids, text, time to first token and time per output token.
+    /// fetched by scripts/fetch-models.sh): greedy or sampled, streamed to the terminal, or one
+    /// JSON object with ids, text, time to first token and time per output token.
     Generate {
         /// A GGUF llama file (F32/F16/Q8_0/Q4_0/Q4_1 tensors).
         #[arg(long)]
@@ -134,9 +134,18 @@ enum Command {
         /// Generate exactly --max-new-tokens, ignoring end-of-sequence.
         #[arg(long)]
         ignore_eos: bool,
-        /// 0 = greedy (the only decoding implemented so far).
+        /// Softmax temperature; 0 = greedy.
         #[arg(long, default_value_t = 0.0)]
-        temperature: f64,
+        temperature: f32,
+        /// Sample among the k most likely tokens only (0 = all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// Sample among the smallest set of tokens whose probability reaches p (1 = all).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
         /// Attention variant: naive, flash2, paged (prompts above 16 tokens go through flash2),
         /// with parameters, e.g. paged:bs=32.
         #[arg(long, default_value = "flash2")]
@@ -301,6 +310,9 @@ fn run(cli: Cli) -> Result<i32> {
             max_new_tokens,
             ignore_eos,
             temperature,
+            top_k,
+            top_p,
+            seed,
             attention,
             threads,
             format,
@@ -312,7 +324,12 @@ fn run(cli: Cli) -> Result<i32> {
                 prompt_ids,
                 max_new_tokens,
                 ignore_eos,
-                temperature,
+                sampler: models::SamplerConfig {
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed,
+                },
                 attention,
                 format,
             })

@@ -1,7 +1,8 @@
 //! `harness generate` end to end: greedy text from SmolLM2-135M-Instruct (skipped with a message
 //! when scripts/fetch-models.sh has not run) equals transformers' continuation, and bad input
-//! (a missing or non-GGUF file, ids outside the vocabulary, sampling, no prompt) is one line
-//! and exit 2.
+//! (a missing or non-GGUF file, ids outside the vocabulary, bad sampling parameters, no prompt)
+//! is one line
+//! and exit 2; sampling with a seed repeats itself.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -85,6 +86,42 @@ fn greedy_json_matches_transformers() {
 }
 
 #[test]
+fn sampling_is_seeded() {
+    let Some(m) = model() else { return };
+    let run = |seed: &str| {
+        let out = generate(&[
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "Once upon a time,",
+            "--max-new-tokens",
+            "12",
+            "--ignore-eos",
+            "--temperature",
+            "1.0",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+            "--format",
+            "json",
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["generated_ids"].clone()
+    };
+    assert_eq!(run("1"), run("1"), "the same seed draws the same tokens");
+    assert_ne!(run("1"), run("2"));
+}
+
+#[test]
 fn bad_generate_input_is_one_line() {
     one_line_exit_2(
         &generate(&["--model", "/no/such.gguf", "--prompt", "hi"]),
@@ -102,8 +139,21 @@ fn bad_generate_input_is_one_line() {
         "outside the vocabulary",
     );
     one_line_exit_2(
-        &generate(&["--model", m, "--prompt", "hi", "--temperature", "0.7"]),
-        "greedy",
+        &generate(&["--model", m, "--prompt", "hi", "--temperature=-1"]),
+        "temperature",
+    );
+    one_line_exit_2(
+        &generate(&[
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--temperature",
+            "1",
+            "--top-p",
+            "0",
+        ]),
+        "top-p",
     );
     one_line_exit_2(&generate(&["--model", m]), "exactly one of");
     one_line_exit_2(

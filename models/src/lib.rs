@@ -1,17 +1,20 @@
 //! The reference generation pipeline, first part: GGUF loading, the file's byte-level BPE
 //! tokenizer, and a Llama decoder whose every projection and attention call goes through the
-//! kernel crates, with greedy generation. KV block management, batching, sampling and the
-//! other checkpoint formats are still to come (module plan in README.md).
+//! kernel crates, and a seeded sampler. KV block management, batching and the other
+//! checkpoint formats are still to come (module plan in README.md).
 
 /// GGUF v2/v3 reader.
 pub mod gguf;
 /// The Llama decoder (GGUF weights, kernel-crate products).
 pub mod llama;
+/// Greedy, temperature, top-k and top-p sampling, seeded.
+pub mod sampler;
 /// Byte-level BPE from GGUF metadata.
 pub mod tokenizer;
 
 pub use gguf::Gguf;
 pub use llama::{Llama, LlamaConfig};
+pub use sampler::{Sampler, SamplerConfig};
 pub use tokenizer::TextTokenizer;
 
 /// Where `scripts/fetch-models.sh` puts SmolLM2-135M-Instruct (Q4_1), if it has run.
