@@ -57,6 +57,7 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     match spec.family.as_str() {
         "quant" => return crate::exp_quant::run(opts, &spec, &spec_path, grid, &names, reps),
         "moe" => return crate::exp_moe::run(opts, &spec, &spec_path, grid, &names, reps),
+        "kv" => return crate::exp_kv::run(opts, &spec, &spec_path, grid),
         _ => {}
     }
     let points = ExperimentSpec::points(&grid)?;

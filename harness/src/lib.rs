@@ -15,6 +15,8 @@ pub mod check_quant;
 pub mod error;
 /// `harness exp`: grid runner streaming rows to CSV.
 pub mod exp;
+/// `harness exp` for the kv family: the exact KV-cache calculator.
+pub mod exp_kv;
 /// `harness exp` for the moe family: capacity × skew × k × experts.
 pub mod exp_moe;
 /// `harness exp` for the quant family: formats × shapes × weights × batch.

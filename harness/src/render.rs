@@ -49,6 +49,10 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
         let rows: Vec<QuantRow> = read_rows(csv)?;
         plots(spec, &rows, prov, csv)?;
         (crate::exp_quant::tables(&rows), rows.len())
+    } else if spec.family == "kv" {
+        let rows: Vec<crate::exp_kv::KvRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (crate::exp_kv::tables(&rows), rows.len())
     } else if spec.family == "moe" {
         let rows: Vec<crate::exp_moe::MoeRow> = read_rows(csv)?;
         plots(spec, &rows, prov, csv)?;

@@ -62,14 +62,33 @@ pub const MOE_GRID_KEYS: &[(&str, &str)] = &[
     ("norm", "renormalize (Mixtral) | raw (Switch)"),
 ];
 
+/// Grid keys a kv (KV-cache calculator) experiment understands.
+pub const KV_GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "model",
+        "a preset: llama-2-7b | llama-2-13b | llama-2-70b | mixtral-8x7b | smollm2-135m",
+    ),
+    (
+        "attention",
+        "model (KV heads as published) | mha | mqa | g<N> (N KV heads)",
+    ),
+    (
+        "dtype",
+        "f32 | f16 | bf16 | fp8 | int8 (bytes per cached element)",
+    ),
+    ("seq_len", "tokens per sequence"),
+    ("sessions", "sequences held at once"),
+];
+
 /// Families an experiment spec may name.
-pub const EXPERIMENT_FAMILIES: &[&str] = &["attention", "quant", "moe"];
+pub const EXPERIMENT_FAMILIES: &[&str] = &["attention", "quant", "moe", "kv"];
 
 /// The grid keys of `family`'s experiments.
 pub fn grid_keys(family: &str) -> &'static [(&'static str, &'static str)] {
     match family {
         "quant" => QUANT_GRID_KEYS,
         "moe" => MOE_GRID_KEYS,
+        "kv" => KV_GRID_KEYS,
         _ => GRID_KEYS,
     }
 }
@@ -258,6 +277,12 @@ impl ExperimentSpec {
                 }
                 "moe" => {
                     crate::registry::moe_variant(v)?;
+                }
+                "kv" if v == "calculator" => {}
+                "kv" => {
+                    return bad(format!(
+                        "a kv experiment has one variant, 'calculator', not '{v}'"
+                    ))
                 }
                 _ => {
                     crate::registry::attention_kernel(v)?;

@@ -389,6 +389,43 @@ fn bad_moe_grids_are_one_line() {
     );
 }
 
+#[test]
+fn kv_calculator_is_exact() {
+    let tmp = TempDir::new("kv_calc");
+    let results = tmp.join("results");
+    seed_roofline(&results);
+    let r = results.to_str().unwrap();
+    let out = harness(&["exp", "kv_calc", "--quick", "--results-dir", r]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let csv_path = files_with_ext(&results.join("kv_calc"), "csv").remove(0);
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let h = reader.headers().unwrap().clone();
+    let (m, len, n, kib, gib) = (
+        column(&h, "model"),
+        column(&h, "seq_len"),
+        column(&h, "sessions"),
+        column(&h, "kv_kib_per_token"),
+        column(&h, "total_gib"),
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    let find = |model: &str, l: &str, s: &str| {
+        rows.iter()
+            .find(|r| &r[m] == model && &r[len] == l && &r[n] == s)
+            .unwrap_or_else(|| panic!("no row {model} {l} {s}"))
+    };
+    // C3: 2 × 32 × 32 × 128 × 2 bytes × 4096 tokens = 2 GiB exactly.
+    assert_eq!(&find("llama-2-7b", "4096", "1")[gib], "2.0");
+    // C2: Llama-2-70B (8 KV heads) holds 320 KiB per token, not 40.
+    assert_eq!(&find("llama-2-70b", "1000", "100")[kib], "320.0");
+    let bad = harness(&["exp", "kv_calc", "--set", "model=gpt-5", "--results-dir", r]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("unknown model"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
 // B. Happy path.
 
 #[test]

@@ -3,6 +3,8 @@
 //! kernel crates, and a seeded sampler. KV block management, batching and the other
 //! checkpoint formats are still to come (module plan in README.md).
 
+/// Published model shapes (presets) for calculators.
+pub mod config;
 /// GGUF v2/v3 reader.
 pub mod gguf;
 /// The Llama decoder (GGUF weights, kernel-crate products).
@@ -12,6 +14,7 @@ pub mod sampler;
 /// Byte-level BPE from GGUF metadata.
 pub mod tokenizer;
 
+pub use config::{preset, ModelShape, PRESETS};
 pub use gguf::Gguf;
 pub use llama::{Llama, LlamaConfig};
 pub use sampler::{Sampler, SamplerConfig};

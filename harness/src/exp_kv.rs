@@ -1,0 +1,191 @@
+//! `harness exp` for the kv family: an exact KV-cache calculator over the published model
+//! shapes (`models::PRESETS`) — bytes per token = 2 × layers × kv_heads × head_dim × bytes per
+//! element, per sequence, per batch of sessions — with the attention layout as published or
+//! rewritten as MHA, MQA or N KV groups. No timing: the numbers are arithmetic, written with
+//! the same provenance as every run.
+
+use crate::error::{HarnessError, Result};
+use crate::exp::{progress_bar, ExpOptions, RunFiles};
+use crate::spec::ExperimentSpec;
+use models::ModelShape;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One model × layout × dtype × length × sessions. Column names are stable.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KvRow {
+    pub run_id: String,
+    pub experiment: String,
+    pub model: String,
+    /// model (as published) | mha | mqa | g<N>
+    pub attention: String,
+    pub layers: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub dtype: String,
+    pub bytes_per_element: f64,
+    pub kv_bytes_per_token: f64,
+    pub kv_kib_per_token: f64,
+    pub seq_len: usize,
+    pub sessions: usize,
+    pub total_bytes: f64,
+    pub total_gib: f64,
+    /// 1 − kv_heads / q_heads: the saving over MHA of the same model.
+    pub saving_vs_mha: f64,
+    /// ok | skipped (the layout's KV heads do not divide the model's query heads)
+    pub status: String,
+    pub note: String,
+}
+
+fn bytes_of(dtype: &str) -> Result<f64> {
+    match dtype {
+        "f32" => Ok(4.0),
+        "f16" | "bf16" => Ok(2.0),
+        "fp8" | "int8" => Ok(1.0),
+        o => Err(HarnessError::Usage(format!(
+            "dtype '{o}' is not f32, f16, bf16, fp8 or int8"
+        ))),
+    }
+}
+
+fn layout(shape: &ModelShape, attention: &str) -> Result<usize> {
+    let kv = match attention {
+        "model" => shape.kv_heads,
+        "mha" => shape.q_heads,
+        "mqa" => 1,
+        g => match g.strip_prefix('g').and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) if n > 0 => n,
+            _ => {
+                return Err(HarnessError::Usage(format!(
+                    "attention '{g}' is not model, mha, mqa or g<N> (N KV heads)"
+                )))
+            }
+        },
+    };
+    Ok(kv)
+}
+
+/// Runs a kv-family experiment (called by `exp::run` once the spec and grid are loaded).
+pub fn run(
+    opts: &ExpOptions,
+    spec: &ExperimentSpec,
+    spec_path: &Path,
+    grid: BTreeMap<String, Vec<String>>,
+) -> Result<i32> {
+    let list = |key: &str, default: &str| -> Vec<String> {
+        grid.get(key)
+            .cloned()
+            .unwrap_or_else(|| vec![default.to_string()])
+    };
+    let count = |key: &str, v: &str| -> Result<usize> {
+        match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(HarnessError::Usage(format!(
+                "{key} '{v}' is not a positive integer"
+            ))),
+        }
+    };
+    let mut points = vec![];
+    for m in list("model", "llama-2-7b") {
+        let shape = models::preset(&m).ok_or_else(|| {
+            let known: Vec<&str> = models::PRESETS.iter().map(|p| p.name).collect();
+            HarnessError::Usage(format!("unknown model '{m}' (known: {})", known.join(", ")))
+        })?;
+        for a in list("attention", "model") {
+            let kv = layout(&shape, &a)?;
+            for dt in list("dtype", "f16") {
+                let bytes = bytes_of(&dt)?;
+                for len in list("seq_len", "4096") {
+                    for sessions in list("sessions", "1") {
+                        let shaped = ModelShape {
+                            kv_heads: kv,
+                            ..shape
+                        };
+                        let (len, sessions) =
+                            (count("seq_len", &len)?, count("sessions", &sessions)?);
+                        points.push((shaped, a.clone(), dt.clone(), bytes, len, sessions));
+                    }
+                }
+            }
+        }
+    }
+    let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
+    let bar = progress_bar(points.len());
+    for (shape, attention, dtype, bytes, seq_len, sessions) in points {
+        let fits = shape.kv_heads <= shape.q_heads && shape.q_heads % shape.kv_heads == 0;
+        let per_token = if fits {
+            shape.kv_bytes_per_token(bytes)
+        } else {
+            f64::NAN
+        };
+        let total = per_token * seq_len as f64 * sessions as f64;
+        run.writer.write(&KvRow {
+            run_id: run.run_id.clone(),
+            experiment: spec.name.clone(),
+            model: shape.name.into(),
+            attention,
+            layers: shape.layers,
+            q_heads: shape.q_heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            dtype,
+            bytes_per_element: bytes,
+            kv_bytes_per_token: per_token,
+            kv_kib_per_token: per_token / 1024.0,
+            seq_len,
+            sessions,
+            total_bytes: total,
+            total_gib: total / (1u64 << 30) as f64,
+            saving_vs_mha: 1.0 - shape.kv_heads as f64 / shape.q_heads as f64,
+            status: if fits { "ok" } else { "skipped" }.into(),
+            note: if fits {
+                String::new()
+            } else {
+                format!(
+                    "{} KV heads do not divide the {} query heads",
+                    shape.kv_heads, shape.q_heads
+                )
+            },
+        })?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    run.finish::<KvRow>(spec, opts.format, 0)
+}
+
+/// The markdown table of a kv run.
+pub fn tables(rows: &[KvRow]) -> String {
+    let mut md = String::from("## KV cache sizes\n\n| model | layout | layers | heads q/kv | head dim | dtype | KiB/token | tokens | sessions | total GiB | saving vs MHA |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows.iter().filter(|r| r.status == "ok") {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {}/{} | {} | {} | {:.2} | {} | {} | {:.3} | {:.1}% |",
+            r.model,
+            r.attention,
+            r.layers,
+            r.q_heads,
+            r.kv_heads,
+            r.head_dim,
+            r.dtype,
+            r.kv_kib_per_token,
+            r.seq_len,
+            r.sessions,
+            r.total_gib,
+            100.0 * r.saving_vs_mha
+        );
+    }
+    let mut skipped: Vec<String> = rows
+        .iter()
+        .filter(|r| r.status != "ok")
+        .map(|r| format!("{} {}: {} ({})", r.model, r.attention, r.status, r.note))
+        .collect();
+    skipped.dedup();
+    for line in skipped {
+        let _ = writeln!(md, "\n{line}");
+    }
+    md.push('\n');
+    md
+}
