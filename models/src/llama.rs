@@ -3,7 +3,8 @@
 //! to), grouped-query attention through `attention_kernels` (flash2, causal, queries at the end
 //! of the context), SwiGLU feed-forward, tied or untied output head. Every projection is a
 //! `quant_kernels::matmul` on the file's own weight format (Q4_1, Q8_0, ... kept packed), so the
-//! quantised kernels run end to end. Batch 1, a contiguous KV cache per layer.
+//! quantised kernels run end to end; Q/K/V and gate/up are stacked into one product each.
+//! Batch 1, a contiguous KV cache per layer.
 
 use crate::gguf::{Gguf, Result};
 use attention_kernels::{kernel_from_spec, AttentionInputs, AttentionKernel, AttentionShape};
@@ -27,13 +28,12 @@ pub struct LlamaConfig {
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: QuantMatrix,
-    wk: QuantMatrix,
-    wv: QuantMatrix,
+    /// Q, K and V stacked: one product per step instead of three.
+    wqkv: QuantMatrix,
     wo: QuantMatrix,
     ffn_norm: Vec<f32>,
-    w_gate: QuantMatrix,
-    w_up: QuantMatrix,
+    /// Gate and up stacked.
+    w_gate_up: QuantMatrix,
     w_down: QuantMatrix,
 }
 
@@ -107,19 +107,41 @@ impl Llama {
             eps: g.float("llama.attention.layer_norm_rms_epsilon")? as f32,
             rope_base: g.float("llama.rope.freq_base").unwrap_or(10000.0) as f32,
         };
+        let kvd = cfg.kv_heads * cfg.head_dim;
         let layers = (0..cfg.layers)
             .map(|i| {
                 let t = |n: &str| format!("blk.{i}.{n}.weight");
+                let (wq, wk, wv) = (g.matrix(&t("attn_q"))?, g.matrix(&t("attn_k"))?, g.matrix(&t("attn_v"))?);
+                let (wo, w_gate, w_up) = (g.matrix(&t("attn_output"))?, g.matrix(&t("ffn_gate"))?, g.matrix(&t("ffn_up"))?);
+                let w_down = g.matrix(&t("ffn_down"))?;
+                let shapes = [
+                    (&wq, d_model, d_model),
+                    (&wk, kvd, d_model),
+                    (&wv, kvd, d_model),
+                    (&wo, d_model, d_model),
+                    (&w_gate, cfg.d_ff, d_model),
+                    (&w_up, cfg.d_ff, d_model),
+                    (&w_down, d_model, cfg.d_ff),
+                ];
+                if shapes.iter().any(|(m, r, c)| m.rows != *r || m.cols != *c) {
+                    return Err(KernelError::BadBuffer(format!(
+                        "{}: layer {i} has a projection whose shape does not fit d_model {d_model}, kv {kvd}, d_ff {}",
+                        g.path.display(),
+                        cfg.d_ff
+                    )));
+                }
+                let stack = |parts: &[&QuantMatrix]| {
+                    QuantMatrix::stack(parts).map_err(|e| {
+                        KernelError::BadBuffer(format!("{}: layer {i}: {e}", g.path.display()))
+                    })
+                };
                 Ok(Layer {
                     attn_norm: g.floats(&t("attn_norm"))?,
-                    wq: g.matrix(&t("attn_q"))?,
-                    wk: g.matrix(&t("attn_k"))?,
-                    wv: g.matrix(&t("attn_v"))?,
-                    wo: g.matrix(&t("attn_output"))?,
+                    wqkv: stack(&[&wq, &wk, &wv])?,
+                    wo,
                     ffn_norm: g.floats(&t("ffn_norm"))?,
-                    w_gate: g.matrix(&t("ffn_gate"))?,
-                    w_up: g.matrix(&t("ffn_up"))?,
-                    w_down: g.matrix(&t("ffn_down"))?,
+                    w_gate_up: stack(&[&w_gate, &w_up])?,
+                    w_down,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -129,25 +151,6 @@ impl Llama {
         } else {
             None
         };
-        let kvd = cfg.kv_heads * cfg.head_dim;
-        for (i, l) in layers.iter().enumerate() {
-            let shapes = [
-                (&l.wq, d_model, d_model),
-                (&l.wk, kvd, d_model),
-                (&l.wv, kvd, d_model),
-                (&l.wo, d_model, d_model),
-                (&l.w_gate, cfg.d_ff, d_model),
-                (&l.w_up, cfg.d_ff, d_model),
-                (&l.w_down, d_model, cfg.d_ff),
-            ];
-            if shapes.iter().any(|(m, r, c)| m.rows != *r || m.cols != *c) {
-                return Err(KernelError::BadBuffer(format!(
-                    "{}: layer {i} has a projection whose shape does not fit d_model {d_model}, kv {kvd}, d_ff {}",
-                    g.path.display(),
-                    cfg.d_ff
-                )));
-            }
-        }
         let spec = VariantSpec::parse(attention)?;
         let attention = match kernel_from_spec(&spec)? {
             Some(k) => k,
@@ -228,9 +231,18 @@ impl Llama {
         for li in 0..cfg.layers {
             let l = &self.layers[li];
             let h = rmsnorm(&x, &l.attn_norm, cfg.eps);
-            let mut q = proj(&l.wq, &h, n)?;
-            let mut k = proj(&l.wk, &h, n)?;
-            let v = proj(&l.wv, &h, n)?;
+            let qkv = proj(&l.wqkv, &h, n)?;
+            let kvd = cfg.kv_heads * hd;
+            let (mut q, mut k, mut v) = (
+                Vec::with_capacity(n * d),
+                Vec::with_capacity(n * kvd),
+                Vec::with_capacity(n * kvd),
+            );
+            for row in qkv.chunks(d + 2 * kvd) {
+                q.extend_from_slice(&row[..d]);
+                k.extend_from_slice(&row[d..d + kvd]);
+                v.extend_from_slice(&row[d + kvd..]);
+            }
             self.rope(&mut q, cfg.heads, start);
             self.rope(&mut k, cfg.kv_heads, start);
             for r in 0..n {
@@ -271,12 +283,18 @@ impl Llama {
             let o = proj(&l.wo, &attn, n)?;
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h2 = rmsnorm(&x, &l.ffn_norm, cfg.eps);
-            let mut g = proj(&l.w_gate, &h2, n)?;
-            let u = proj(&l.w_up, &h2, n)?;
-            g.iter_mut()
-                .zip(&u)
-                .for_each(|(gv, uv)| *gv = *gv / (1.0 + (-*gv).exp()) * uv);
-            let down = proj(&l.w_down, &g, n)?;
+            let gu = proj(&l.w_gate_up, &h2, n)?;
+            let f = cfg.d_ff;
+            let act: Vec<f32> = gu
+                .chunks(2 * f)
+                .flat_map(|row| {
+                    let (g, u) = row.split_at(f);
+                    g.iter()
+                        .zip(u)
+                        .map(|(gv, uv)| gv / (1.0 + (-gv).exp()) * uv)
+                })
+                .collect();
+            let down = proj(&l.w_down, &act, n)?;
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
         self.len = total;

@@ -135,6 +135,30 @@ impl QuantMatrix {
         })
     }
 
+    /// The rows of several matrices of one format and width stacked into one (e.g. a layer's
+    /// Q, K and V projections, so one product computes all three).
+    pub fn stack(parts: &[&QuantMatrix]) -> Result<QuantMatrix> {
+        let first = parts
+            .first()
+            .ok_or_else(|| KernelError::InvalidShape("stack needs at least one matrix".into()))?;
+        if let Some(p) = parts
+            .iter()
+            .find(|p| p.format != first.format || p.cols != first.cols)
+        {
+            return Err(KernelError::InvalidShape(format!(
+                "cannot stack {} × {} {} onto {} × {} {}",
+                p.rows, p.cols, p.format, first.rows, first.cols, first.format
+            )));
+        }
+        let data: Vec<u8> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        QuantMatrix::from_bytes(
+            first.format,
+            parts.iter().map(|p| p.rows).sum(),
+            first.cols,
+            data,
+        )
+    }
+
     /// All packed bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.data
@@ -239,6 +263,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("truncated"), "{e}");
+    }
+
+    #[test]
+    fn stacking_concatenates_rows() {
+        let a = QuantMatrix::quantize(WeightFormat::Q4_0, 2, 64, &[0.25; 128]).unwrap();
+        let b = QuantMatrix::quantize(WeightFormat::Q4_0, 3, 64, &[-1.5; 192]).unwrap();
+        let s = QuantMatrix::stack(&[&a, &b]).unwrap();
+        assert_eq!((s.rows, s.cols), (5, 64));
+        assert_eq!(s.row(4), b.row(2));
+        assert_eq!(&s.dequantize()[..128], &a.dequantize()[..]);
+        let c = QuantMatrix::quantize(WeightFormat::Q8_0, 1, 64, &[1.0; 64]).unwrap();
+        assert!(QuantMatrix::stack(&[&a, &c]).is_err());
     }
 
     #[test]
