@@ -117,6 +117,15 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     run.finish::<ExpRow>(&spec, opts.format, failures)
 }
 
+/// Up to `count` indices spread evenly over 0..len, first and last included (all of them
+/// when len <= count): the outputs an experiment checks against its reference.
+pub(crate) fn spread(len: usize, count: usize) -> Vec<usize> {
+    let n = len.min(count);
+    let mut v: Vec<usize> = (0..n).map(|i| i * (len - 1) / (n - 1).max(1)).collect();
+    v.dedup();
+    v
+}
+
 /// A progress bar over `len` rows.
 pub(crate) fn progress_bar(len: usize) -> ProgressBar {
     let bar = ProgressBar::new(len as u64);

@@ -7,8 +7,9 @@
 //! with caches flushed.
 
 use crate::error::{HarnessError, Result};
-use crate::exp::{progress_bar, ExpOptions, RunFiles};
+use crate::exp::{progress_bar, spread, ExpOptions, RunFiles};
 use crate::measure::{time_reps, CacheFlusher};
+use crate::render::{fmt_err, fmt_opt};
 use crate::spec::ExperimentSpec;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats, KernelError};
@@ -207,14 +208,6 @@ impl MoeGrid {
     }
 }
 
-/// Tokens whose outputs are checked: 64 spread over the batch.
-fn sample_tokens(tokens: usize) -> Vec<usize> {
-    let n = tokens.min(64);
-    let mut v: Vec<usize> = (0..n).map(|i| i * (tokens - 1) / (n - 1).max(1)).collect();
-    v.dedup();
-    v
-}
-
 /// Runs a moe-family experiment (called by `exp::run` once the spec and grid are loaded).
 pub fn run(
     opts: &ExpOptions,
@@ -251,7 +244,7 @@ pub fn run(
                 base.tokens * base.d_model,
             )
             .to_f32();
-            let sampled = sample_tokens(base.tokens);
+            let sampled = spread(base.tokens, 64);
             for &norm in &mgrid.norms {
                 let dropless = MoeConfig { norm, ..*base };
                 let r0 = route(&dropless, &x, &w.router, &w.bias)?;
@@ -384,10 +377,6 @@ pub fn run(
     run.finish::<MoeRow>(spec, opts.format, failures)
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("–".into(), |x| format!("{x:.digits$}"))
-}
-
 /// The markdown tables of a moe run: routing and accuracy per point, then timing.
 pub fn tables(rows: &[MoeRow]) -> String {
     let mut md = String::new();
@@ -425,11 +414,11 @@ pub fn tables(rows: &[MoeRow]) -> String {
             r.skew,
             r.capacity,
             r.variant,
-            opt(r.median_ms, 2),
-            opt(r.p10_ms, 2),
-            opt(r.p90_ms, 2),
-            opt(r.gflops, 1),
-            r.rel_l2_err.map_or("–".into(), |e| format!("{e:.1e}")),
+            fmt_opt(r.median_ms, 2),
+            fmt_opt(r.p10_ms, 2),
+            fmt_opt(r.p90_ms, 2),
+            fmt_opt(r.gflops, 1),
+            fmt_err(r.rel_l2_err),
             r.status
         );
     }

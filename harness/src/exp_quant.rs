@@ -8,8 +8,9 @@
 //! point, timed in the same rounds.
 
 use crate::error::{HarnessError, Result};
-use crate::exp::{progress_bar, ExpOptions, RunFiles};
+use crate::exp::{progress_bar, spread, ExpOptions, RunFiles};
 use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::render::{fmt_err, fmt_opt};
 use crate::roofline::Roofline;
 use crate::spec::{ExperimentSpec, Limits};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
@@ -167,18 +168,6 @@ fn scheme(f: WeightFormat) -> String {
     }
 }
 
-/// Output rows whose products are checked and whose error is measured: 256 spread over the
-/// matrix, first and last included (16 gave output errors too noisy to rank formats by).
-fn sample_rows(rows: usize) -> Vec<usize> {
-    const SAMPLE: usize = 256;
-    if rows <= SAMPLE {
-        return (0..rows).collect();
-    }
-    let mut v: Vec<usize> = (0..SAMPLE).map(|i| i * (rows - 1) / (SAMPLE - 1)).collect();
-    v.dedup();
-    v
-}
-
 /// f64 products of the original f32 weights' `rows` with every activation vector.
 fn dense_reference(w: &[f32], cols: usize, x: &[f32], batch: usize, rows: &[usize]) -> Vec<f64> {
     let mut out = Vec::with_capacity(batch * rows.len());
@@ -221,7 +210,8 @@ pub fn run(
             let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
             bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
             let w = dist.sample(rows, cols, seed);
-            let sampled = sample_rows(rows);
+            // 256 rows: 16 gave output errors too noisy to rank formats by.
+            let sampled = spread(rows, 256);
             // Every format of this (shape, weights), quantised once (untimed).
             let mut stored = vec![];
             for &format in &qgrid.formats {
@@ -460,10 +450,6 @@ impl Check<'_> {
     }
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("–".into(), |x| format!("{x:.digits$}"))
-}
-
 /// The markdown tables of a quant run: errors per format, the batch-1 GEMV, and speed-ups
 /// over f32 weights by batch size.
 pub fn tables(rows: &[QuantRow]) -> String {
@@ -506,15 +492,15 @@ pub fn tables(rows: &[QuantRow]) -> String {
             r.batch,
             r.format,
             r.variant,
-            opt(r.median_ms, 3),
-            opt(r.p10_ms, 3),
-            opt(r.p90_ms, 3),
-            opt(r.gbps, 1),
-            opt(r.pct_read_bw, 0),
-            opt(r.gflops, 1),
-            opt(r.speedup_vs_f32, 2),
-            opt(r.speedup_vs_f16, 2),
-            r.rel_l2_err.map_or("–".into(), |e| format!("{e:.1e}")),
+            fmt_opt(r.median_ms, 3),
+            fmt_opt(r.p10_ms, 3),
+            fmt_opt(r.p90_ms, 3),
+            fmt_opt(r.gbps, 1),
+            fmt_opt(r.pct_read_bw, 0),
+            fmt_opt(r.gflops, 1),
+            fmt_opt(r.speedup_vs_f32, 2),
+            fmt_opt(r.speedup_vs_f16, 2),
+            fmt_err(r.rel_l2_err),
             r.status
         );
     }

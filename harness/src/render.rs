@@ -35,11 +35,13 @@ fn num<R: Serialize>(row: &R, name: &str) -> Option<f64> {
     column(row, name).parse().ok()
 }
 
-fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+/// `v` with `digits` decimals, or – when absent.
+pub(crate) fn fmt_opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |x| format!("{x:.digits$}"))
 }
 
-fn fmt_err(v: Option<f64>) -> String {
+/// `v` as `1.2e-7`, or – when absent.
+pub(crate) fn fmt_err(v: Option<f64>) -> String {
     v.map_or("–".into(), |x| format!("{x:.1e}"))
 }
 
