@@ -1,28 +1,96 @@
-//! `harness generate`: generation with a real checkpoint (a GGUF llama file, e.g.
-//! SmolLM2-135M-Instruct from scripts/fetch-models.sh) on the kernel crates, greedy or sampled
-//! (temperature, top-k, top-p, seeded): text streams to
-//! the terminal as tokens are produced, or one JSON object with the ids, the text and the
-//! timings (time to first token, time per output token, tokens/s).
+//! `harness generate`: one request through the pipeline — a GGUF llama file (e.g.
+//! SmolLM2-135M-Instruct from scripts/fetch-models.sh), a Hugging Face checkpoint directory or
+//! a random-weight preset — on the kernel crates over a paged KV cache, greedy or sampled
+//! (temperature, top-k, top-p, seeded): text streams to the terminal as tokens are produced,
+//! or one JSON object with the ids, the text and the timings (time to first token, time per
+//! output token, tokens/s).
 
 use crate::error::{HarnessError, Result};
 use crate::Format;
-use models::{Gguf, Llama, Sampler, SamplerConfig, TextTokenizer};
+use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
+use quant_kernels::WeightFormat;
 use serde::Serialize;
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Instant;
 
-/// What `harness generate` was asked to do.
-#[derive(Debug, Clone)]
-pub struct GenerateOptions {
-    pub model: PathBuf,
+/// The flags of `harness generate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenerateArgs {
+    /// A GGUF llama file (F32/F16/Q8_0/Q4_0/Q4_1), a Hugging Face checkpoint directory
+    /// (LlamaForCausalLM or MixtralForCausalLM: config.json + safetensors), or a preset with
+    /// random weights (tiny-gqa, tiny-mqa, tiny-mha, tiny-moe).
+    #[arg(long)]
+    pub model: String,
+    /// Prompt text (tokenised with the model's tokenizer; no BOS is added).
+    #[arg(long, conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
+    /// Prompt token ids, e.g. 1,4093,198.
+    #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate (fewer if the end-of-sequence token comes first).
+    #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+    /// Generate exactly --max-new-tokens, ignoring end-of-sequence.
+    #[arg(long)]
     pub ignore_eos: bool,
-    pub sampler: SamplerConfig,
+    /// Softmax temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample among the k most likely tokens only (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the smallest set of tokens whose probability reaches p (1 = all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Attention variant: naive, flash2 (K/V gathered from the cache), or paged (decode
+    /// straight on the block pool; prompt chunks above 16 tokens go through flash2), with
+    /// parameters, e.g. flash2:br=32 or paged:split=auto.
+    #[arg(long, default_value = "flash2")]
     pub attention: String,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Convert every weight matrix to this format: f32, f16, q8_0, q4_0, q4_1, sym4g32, ...
+    /// (default: keep the checkpoint's).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// MoE capacity: dropless (default) or a factor such as 1.25.
+    #[arg(long, default_value = "dropless")]
+    pub capacity: String,
+    /// Worker threads (default: all logical cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// table streams the text; json prints one object at the end.
+    #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+}
+
+impl GenerateArgs {
+    /// The loader options these flags ask for.
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            attention: self.attention.clone(),
+            weights: self
+                .weights
+                .as_deref()
+                .map(WeightFormat::parse)
+                .transpose()?,
+            capacity: moe_kernels::parse_capacity(&self.capacity)?,
+        })
+    }
+
+    /// The sampler these flags ask for.
+    pub fn sampler(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
 }
 
 /// The JSON `--format json` prints.
@@ -30,99 +98,137 @@ pub struct GenerateOptions {
 pub struct Generation {
     pub prompt_ids: Vec<u32>,
     pub generated_ids: Vec<u32>,
+    /// Empty for a model without a tokenizer (a preset).
     pub text: String,
     pub ttft_ms: f64,
     pub tpot_ms: Option<f64>,
     pub tokens_per_s: Option<f64>,
 }
 
-/// Runs the generation; returns the exit code.
-pub fn run(opts: &GenerateOptions) -> Result<i32> {
-    let mut sampler = Sampler::new(opts.sampler)?;
-    if opts.max_new_tokens == 0 {
-        return Err(HarnessError::Usage(
-            "--max-new-tokens must be at least 1".into(),
-        ));
-    }
-    if opts.model.extension().is_none_or(|e| e != "gguf") {
-        return Err(HarnessError::Usage(format!(
-            "--model {}: only GGUF llama files are supported so far (presets and HF directories come later)",
-            opts.model.display()
-        )));
-    }
-    let g = Gguf::open(&opts.model)?;
-    let tok = TextTokenizer::from_gguf(&g)?;
-    let mut model = Llama::from_gguf(&g, &opts.attention)?;
-    let prompt_ids = match (&opts.prompt, &opts.prompt_ids) {
-        (Some(p), None) => tok.encode(p)?,
-        (None, Some(ids)) => ids.clone(),
+/// The prompt's ids from --prompt (needs a tokenizer) or --prompt-ids, checked.
+pub fn prompt_ids(
+    args: &GenerateArgs,
+    tok: Option<&TextTokenizer>,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    let ids = match (&args.prompt, &args.prompt_ids, tok) {
+        (Some(p), None, Some(tok)) => tok.encode(p)?,
+        (Some(_), None, None) => {
+            return Err(HarnessError::Usage(format!(
+                "--model {} has no tokenizer: give --prompt-ids",
+                args.model
+            )))
+        }
+        (None, Some(ids), _) => ids.clone(),
         _ => {
             return Err(HarnessError::Usage(
                 "give exactly one of --prompt TEXT and --prompt-ids 1,2,3".into(),
             ))
         }
     };
-    if prompt_ids.is_empty() {
+    if ids.is_empty() {
         return Err(HarnessError::Usage("the prompt has no tokens".into()));
     }
-    if let Some(bad) = prompt_ids.iter().find(|&&t| t as usize >= tok.vocab_size) {
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(HarnessError::Usage(format!(
-            "prompt id {bad} is outside the vocabulary of {}",
-            tok.vocab_size
+            "prompt id {bad} is outside the vocabulary of {vocab}"
         )));
     }
-    if prompt_ids.len() + opts.max_new_tokens > model.cfg.context {
+    Ok(ids)
+}
+
+/// Prints the part of the text that is complete (a partial UTF-8 sequence decodes to U+FFFD).
+struct Streamer<'a> {
+    tok: Option<&'a TextTokenizer>,
+    printed: usize,
+}
+
+impl Streamer<'_> {
+    fn show(&mut self, generated: &[u32]) -> Result<()> {
+        match self.tok {
+            Some(tok) => {
+                let text = tok.decode(generated)?;
+                if !text.ends_with('\u{FFFD}') && text.len() > self.printed {
+                    print!("{}", &text[self.printed..]);
+                    self.printed = text.len();
+                }
+            }
+            None => print!("{} ", generated.last().expect("a token")),
+        }
+        let _ = std::io::stdout().flush();
+        Ok(())
+    }
+}
+
+/// Runs the generation; returns the exit code.
+pub fn run(args: &GenerateArgs) -> Result<i32> {
+    let mut sampler = Sampler::new(args.sampler())?;
+    if args.max_new_tokens == 0 {
+        return Err(HarnessError::Usage(
+            "--max-new-tokens must be at least 1".into(),
+        ));
+    }
+    let loaded = load(&args.model, &args.load_options()?)?;
+    let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
+    let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
+    if prompt_ids.len() + args.max_new_tokens > model.cfg.context {
         return Err(HarnessError::Usage(format!(
             "{} prompt tokens + {} new tokens exceed the model's context of {}",
             prompt_ids.len(),
-            opts.max_new_tokens,
+            args.max_new_tokens,
             model.cfg.context
         )));
     }
-    let eos = if opts.ignore_eos { None } else { tok.eos };
-    let stream = opts.format == Format::Table;
+    let mut session = Session::new(
+        model,
+        prompt_ids.len() + args.max_new_tokens,
+        args.block_size,
+    )?;
+    let eos = if args.ignore_eos {
+        None
+    } else {
+        tok.and_then(|t| t.eos)
+    };
+    let mut stream = (args.format == Format::Table).then_some(Streamer { tok, printed: 0 });
     let started = Instant::now();
-    let mut logits = model.forward(&prompt_ids)?;
+    let mut logits = session.forward(&prompt_ids)?;
     let mut generated = vec![];
     let mut ttft = 0.0;
-    let mut printed = 0;
     loop {
         let next = sampler.sample(&logits);
         generated.push(next);
         if generated.len() == 1 {
             ttft = started.elapsed().as_secs_f64();
         }
-        if stream {
-            let text = tok.decode(&generated)?;
-            // Print only complete characters: a partial UTF-8 sequence decodes to U+FFFD.
-            if !text.ends_with('\u{FFFD}') && text.len() > printed {
-                print!("{}", &text[printed..]);
-                let _ = std::io::stdout().flush();
-                printed = text.len();
-            }
+        if let Some(s) = stream.as_mut() {
+            s.show(&generated)?;
         }
-        if Some(next) == eos || generated.len() == opts.max_new_tokens {
+        if Some(next) == eos || generated.len() == args.max_new_tokens {
             break;
         }
-        logits = model.forward(&[next])?;
+        logits = session.forward(&[next])?;
     }
     let total = started.elapsed().as_secs_f64();
     let decode_steps = generated.len() - 1;
     let tpot = (decode_steps > 0).then(|| (total - ttft) / decode_steps as f64);
     let out = Generation {
-        text: tok.decode(&generated)?,
+        text: match tok {
+            Some(t) => t.decode(&generated)?,
+            None => String::new(),
+        },
         prompt_ids,
         ttft_ms: ttft * 1e3,
         tpot_ms: tpot.map(|t| t * 1e3),
         tokens_per_s: tpot.map(|t| 1.0 / t),
         generated_ids: generated,
     };
-    match opts.format {
+    match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
         Format::Table => {
             println!();
             eprintln!(
-                "{} prompt + {} generated tokens; time to first token {:.1} ms, {} per output token",
+                "{}: {} prompt + {} generated tokens; time to first token {:.1} ms, {} per output token",
+                loaded.source,
                 out.prompt_ids.len(),
                 out.generated_ids.len(),
                 out.ttft_ms,

@@ -115,48 +115,11 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Generate text with a real checkpoint (a GGUF llama file such as SmolLM2-135M-Instruct,
-    /// fetched by scripts/fetch-models.sh): greedy or sampled, streamed to the terminal, or one
-    /// JSON object with ids, text, time to first token and time per output token.
-    Generate {
-        /// A GGUF llama file (F32/F16/Q8_0/Q4_0/Q4_1 tensors).
-        #[arg(long)]
-        model: PathBuf,
-        /// Prompt text (tokenised with the file's tokenizer; no BOS is added).
-        #[arg(long, conflicts_with = "prompt_ids")]
-        prompt: Option<String>,
-        /// Prompt token ids, e.g. 1,4093,198.
-        #[arg(long, value_delimiter = ',')]
-        prompt_ids: Option<Vec<u32>>,
-        /// Tokens to generate (fewer if the end-of-sequence token comes first).
-        #[arg(long, default_value_t = 64)]
-        max_new_tokens: usize,
-        /// Generate exactly --max-new-tokens, ignoring end-of-sequence.
-        #[arg(long)]
-        ignore_eos: bool,
-        /// Softmax temperature; 0 = greedy.
-        #[arg(long, default_value_t = 0.0)]
-        temperature: f32,
-        /// Sample among the k most likely tokens only (0 = all).
-        #[arg(long, default_value_t = 0)]
-        top_k: usize,
-        /// Sample among the smallest set of tokens whose probability reaches p (1 = all).
-        #[arg(long, default_value_t = 1.0)]
-        top_p: f32,
-        /// Seed of the sampler.
-        #[arg(long, default_value_t = 42)]
-        seed: u64,
-        /// Attention variant: naive, flash2, paged (prompts above 16 tokens go through flash2),
-        /// with parameters, e.g. paged:bs=32.
-        #[arg(long, default_value = "flash2")]
-        attention: String,
-        /// Worker threads (default: all logical cores).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// text streams the generation; json prints one object at the end.
-        #[arg(long, value_enum, default_value = "table")]
-        format: Format,
-    },
+    /// Generate with a model (a GGUF llama file such as SmolLM2-135M-Instruct from
+    /// scripts/fetch-models.sh, a Hugging Face Llama/Mixtral directory, or a random preset):
+    /// greedy or sampled, streamed to the terminal, or one JSON object with ids, text, time to
+    /// first token and time per output token.
+    Generate(generate::GenerateArgs),
     /// Regenerate the .md and .svg of a run from its CSV and JSON.
     Render {
         /// results/<exp>/<run-id>.csv
@@ -303,36 +266,9 @@ fn run(cli: Cli) -> Result<i32> {
                 format: common.format,
             })
         }
-        Command::Generate {
-            model,
-            prompt,
-            prompt_ids,
-            max_new_tokens,
-            ignore_eos,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            attention,
-            threads,
-            format,
-        } => {
-            set_threads(threads)?;
-            generate::run(&generate::GenerateOptions {
-                model,
-                prompt,
-                prompt_ids,
-                max_new_tokens,
-                ignore_eos,
-                sampler: models::SamplerConfig {
-                    temperature,
-                    top_k,
-                    top_p,
-                    seed,
-                },
-                attention,
-                format,
-            })
+        Command::Generate(args) => {
+            set_threads(args.threads)?;
+            generate::run(&args)
         }
         Command::Render { csv } => {
             println!("{}", render::rerender(&csv, &cli.experiments_dir)?);

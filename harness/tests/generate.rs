@@ -130,7 +130,7 @@ fn bad_generate_input_is_one_line() {
     let not_gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
     one_line_exit_2(
         &generate(&["--model", not_gguf.to_str().unwrap(), "--prompt", "hi"]),
-        "only GGUF",
+        "wrong magic",
     );
     let Some(m) = model() else { return };
     let m = m.to_str().unwrap();

@@ -1,14 +1,24 @@
-//! The reference generation pipeline, first part: GGUF loading, the file's byte-level BPE
-//! tokenizer, and a Llama decoder whose every projection and attention call goes through the
-//! kernel crates, and a seeded sampler. KV block management, batching and the other
-//! checkpoint formats are still to come (module plan in README.md).
+//! The reference generation pipeline: model sources (GGUF files, Hugging Face safetensors
+//! directories, seeded random presets), the file's byte-level BPE tokenizer, a Llama/Mixtral
+//! decoder whose every projection and attention call goes through the kernel crates, a paged
+//! KV cache, and a seeded sampler.
 
+/// Block manager: reference counts, prefix sharing, copy-on-write; the contiguous allocator.
+pub mod blocks;
 /// Published model shapes (presets) for calculators.
 pub mod config;
 /// GGUF v2/v3 reader.
 pub mod gguf;
-/// The Llama decoder (GGUF weights, kernel-crate products).
+/// Hugging Face checkpoint directories (config.json + safetensors).
+pub mod hf;
+/// K/V block pools per layer, and the batch-1 `Session`.
+pub mod kv;
+/// The Llama/Mixtral decoder (kernel-crate products and attention).
 pub mod llama;
+/// Building a model from a tensor source; `--model` dispatch.
+pub mod load;
+/// Random-weight presets.
+pub mod presets;
 /// Greedy, temperature, top-k and top-p sampling, seeded.
 pub mod sampler;
 /// Byte-level BPE from GGUF metadata.
@@ -16,7 +26,9 @@ pub mod tokenizer;
 
 pub use config::{preset, ModelShape, PRESETS};
 pub use gguf::Gguf;
-pub use llama::{Llama, LlamaConfig};
+pub use kv::{KvPools, Session};
+pub use llama::{argmax, Llama, LlamaConfig, SeqChunk};
+pub use load::{load, LoadOptions, Loaded};
 pub use sampler::{Sampler, SamplerConfig};
 pub use tokenizer::TextTokenizer;
 

@@ -1,15 +1,39 @@
-//! A Llama decoder (HF `LlamaForCausalLM`, llama.cpp's `llama` architecture) loaded from GGUF:
-//! RMSNorm, rotary embeddings on interleaved pairs (the layout GGUF llama files are converted
-//! to), grouped-query attention through `attention_kernels` (flash2, causal, queries at the end
-//! of the context), SwiGLU feed-forward, tied or untied output head. Every projection is a
-//! `quant_kernels::matmul` on the file's own weight format (Q4_1, Q8_0, ... kept packed), so the
-//! quantised kernels run end to end; Q/K/V and gate/up are stacked into one product each.
-//! Batch 1, a contiguous KV cache per layer.
+//! A Llama-family decoder (HF `LlamaForCausalLM` / `MixtralForCausalLM`, llama.cpp's `llama`
+//! architecture): RMSNorm, rotary embeddings (half-split pairs as in Hugging Face checkpoints,
+//! interleaved pairs as GGUF llama files need), MHA/GQA/MQA attention through the attention and
+//! paged kernel crates, a SwiGLU feed-forward or a Mixtral MoE (top-k, renormalised, routed by
+//! `moe_kernels::route`, capacity selectable), tied or untied output head. Every projection is
+//! a `quant_kernels::matmul` on packed weights; Q/K/V and gate/up are stacked into one product
+//! each. One forward pass runs a batch of sequence chunks (prefill chunks and decode tokens of
+//! different requests together, as continuous batching needs) over a paged KV cache.
 
-use crate::gguf::{Gguf, Result};
-use attention_kernels::{kernel_from_spec, AttentionInputs, AttentionKernel, AttentionShape};
-use kernel_common::{Buffer, DType, Device, KernelError, VariantSpec};
+use crate::kv::KvPools;
+use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape};
+use kernel_common::{Buffer, DType, Device, KernelError};
+use moe_kernels::{route, Capacity, DropPolicy, MoeConfig, WeightNorm};
+use paged_kernels::{paged_decode, PagedBatch, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use quant_kernels::{matmul, Isa, MatVecVariant, QuantMatrix};
+
+/// The error type of the pipeline: one line naming the file or input at fault.
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// (x[i], x[i + d/2]): Hugging Face checkpoints (`rotate_half`).
+    HalfSplit,
+    /// (x[2i], x[2i+1]): GGUF llama files (their Q/K rows are permuted at conversion).
+    Interleaved,
+}
+
+/// A Mixtral-style sparse feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeSpec {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Dropless (Mixtral at inference) unless a capacity factor is chosen.
+    pub capacity: Capacity,
+}
 
 /// The shape of the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,34 +48,115 @@ pub struct LlamaConfig {
     pub context: usize,
     pub eps: f32,
     pub rope_base: f32,
+    pub rope: RopeLayout,
+    pub moe: Option<MoeSpec>,
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
+impl LlamaConfig {
+    /// Checks that the sizes are consistent; one error naming the first problem.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(KernelError::InvalidShape(m));
+        let sizes = [
+            ("layers", self.layers),
+            ("d_model", self.d_model),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("d_ff", self.d_ff),
+            ("vocab", self.vocab),
+            ("context", self.context),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return bad(format!("{name} must be > 0"));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} KV heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if let Some(m) = self.moe {
+            if m.top_k == 0 || m.top_k > m.experts {
+                return bad(format!(
+                    "top-k {} must be in 1..={} experts",
+                    m.top_k, m.experts
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Width of the attention output (heads × head_dim).
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Width of K or V per token (kv_heads × head_dim).
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+/// One expert's SwiGLU: gate and up stacked, down.
+pub struct Expert {
+    pub gate_up: QuantMatrix,
+    pub down: QuantMatrix,
+}
+
+/// A layer's feed-forward.
+pub enum Ffn {
+    Dense(Expert),
+    /// Router W [d_model × experts] (x·W) and the experts.
+    Moe {
+        router: Vec<f32>,
+        experts: Vec<Expert>,
+    },
+}
+
+/// One decoder layer.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
     /// Q, K and V stacked: one product per step instead of three.
-    wqkv: QuantMatrix,
-    wo: QuantMatrix,
-    ffn_norm: Vec<f32>,
-    /// Gate and up stacked.
-    w_gate_up: QuantMatrix,
-    w_down: QuantMatrix,
+    pub wqkv: QuantMatrix,
+    pub wo: QuantMatrix,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
 }
 
-/// A loaded model and its KV cache.
+/// Which attention kernels the forward pass calls.
+pub enum AttentionChoice {
+    /// A contiguous kernel (naive, flash2, ...) on K/V gathered from the cache per sequence.
+    Contiguous(Box<dyn AttentionKernel>),
+    /// Paged decode straight on the block pool for chunks of ≤ 16 tokens.
+    Paged(SplitKv),
+}
+
+/// A loaded model (weights and the attention choice; the KV cache lives in `KvPools`).
 pub struct Llama {
     pub cfg: LlamaConfig,
-    embed: QuantMatrix,
-    head: Option<QuantMatrix>,
-    out_norm: Vec<f32>,
-    layers: Vec<Layer>,
-    attention: Box<dyn AttentionKernel>,
-    /// Used for the calls `attention` does not support (paged decode takes ≤ 16 new tokens,
-    /// so a prompt goes through flash2).
+    pub embed: QuantMatrix,
+    pub head: Option<QuantMatrix>,
+    pub out_norm: Vec<f32>,
+    pub layers: Vec<Layer>,
+    pub attention: AttentionChoice,
+    /// For chunks the chosen kernel does not take (a prompt under paged decode).
     fallback: Box<dyn AttentionKernel>,
-    /// Per layer: K and V as [kv_heads][position][head_dim], `len` positions filled.
-    cache_k: Vec<Vec<Vec<f32>>>,
-    cache_v: Vec<Vec<Vec<f32>>>,
-    pub len: usize,
+    inv_freq: Vec<f32>,
+}
+
+/// Some tokens of one sequence, run at positions `start..start + tokens.len()`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
+    pub tokens: &'a [u32],
+    /// Tokens of this sequence already in the cache.
+    pub start: usize,
+    /// Block table covering positions `0..start + tokens.len()`.
+    pub table: &'a [u32],
+    /// Logits of every token of the chunk (else only of the last).
+    pub all_logits: bool,
 }
 
 /// The greedy choice: the largest logit, the lowest id on ties.
@@ -83,238 +188,394 @@ fn proj(w: &QuantMatrix, x: &[f32], n: usize) -> Result<Vec<f32>> {
     Ok(y)
 }
 
+/// SwiGLU of rows [gate | up] → silu(gate) · up.
+fn swiglu(gu: &[f32], f: usize) -> Vec<f32> {
+    gu.chunks(2 * f)
+        .flat_map(|row| {
+            let (g, u) = row.split_at(f);
+            g.iter()
+                .zip(u)
+                .map(|(gv, uv)| gv / (1.0 + (-gv).exp()) * uv)
+        })
+        .collect()
+}
+
+impl Expert {
+    fn forward(&self, x: &[f32], n: usize, f: usize) -> Result<Vec<f32>> {
+        proj(&self.down, &swiglu(&proj(&self.gate_up, x, n)?, f), n)
+    }
+}
+
 impl Llama {
-    /// Loads the `llama` architecture from `g`; `attention` is an attention variant spec.
-    pub fn from_gguf(g: &Gguf, attention: &str) -> Result<Llama> {
-        let arch = g.string("general.architecture")?;
-        if arch != "llama" {
-            return Err(KernelError::BadBuffer(format!(
-                "{}: architecture '{arch}' is not llama",
-                g.path.display()
-            )));
-        }
-        let d_model = g.uint("llama.embedding_length")?;
-        let heads = g.uint("llama.attention.head_count")?;
-        let cfg = LlamaConfig {
-            layers: g.uint("llama.block_count")?,
-            d_model,
-            heads,
-            kv_heads: g.uint("llama.attention.head_count_kv").unwrap_or(heads),
-            head_dim: d_model / heads,
-            d_ff: g.uint("llama.feed_forward_length")?,
-            vocab: g.strings("tokenizer.ggml.tokens").map(|t| t.len())?,
-            context: g.uint("llama.context_length")?,
-            eps: g.float("llama.attention.layer_norm_rms_epsilon")? as f32,
-            rope_base: g.float("llama.rope.freq_base").unwrap_or(10000.0) as f32,
-        };
-        let kvd = cfg.kv_heads * cfg.head_dim;
-        let layers = (0..cfg.layers)
-            .map(|i| {
-                let t = |n: &str| format!("blk.{i}.{n}.weight");
-                let (wq, wk, wv) = (g.matrix(&t("attn_q"))?, g.matrix(&t("attn_k"))?, g.matrix(&t("attn_v"))?);
-                let (wo, w_gate, w_up) = (g.matrix(&t("attn_output"))?, g.matrix(&t("ffn_gate"))?, g.matrix(&t("ffn_up"))?);
-                let w_down = g.matrix(&t("ffn_down"))?;
-                let shapes = [
-                    (&wq, d_model, d_model),
-                    (&wk, kvd, d_model),
-                    (&wv, kvd, d_model),
-                    (&wo, d_model, d_model),
-                    (&w_gate, cfg.d_ff, d_model),
-                    (&w_up, cfg.d_ff, d_model),
-                    (&w_down, d_model, cfg.d_ff),
-                ];
-                if shapes.iter().any(|(m, r, c)| m.rows != *r || m.cols != *c) {
-                    return Err(KernelError::BadBuffer(format!(
-                        "{}: layer {i} has a projection whose shape does not fit d_model {d_model}, kv {kvd}, d_ff {}",
-                        g.path.display(),
-                        cfg.d_ff
-                    )));
-                }
-                let stack = |parts: &[&QuantMatrix]| {
-                    QuantMatrix::stack(parts).map_err(|e| {
-                        KernelError::BadBuffer(format!("{}: layer {i}: {e}", g.path.display()))
-                    })
-                };
-                Ok(Layer {
-                    attn_norm: g.floats(&t("attn_norm"))?,
-                    wqkv: stack(&[&wq, &wk, &wv])?,
-                    wo,
-                    ffn_norm: g.floats(&t("ffn_norm"))?,
-                    w_gate_up: stack(&[&w_gate, &w_up])?,
-                    w_down,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let embed = g.matrix("token_embd.weight")?;
-        let head = if g.tensors.contains_key("output.weight") {
-            Some(g.matrix("output.weight")?)
-        } else {
-            None
-        };
-        let spec = VariantSpec::parse(attention)?;
-        let attention = match kernel_from_spec(&spec)? {
-            Some(k) => k,
-            None => paged_kernels::kernel_from_spec(&spec)?.ok_or_else(|| {
-                KernelError::Unsupported(format!(
-                    "unknown attention variant '{attention}' (naive, flash2, paged, with parameters)"
-                ))
-            })?,
-        };
-        let fallback = kernel_from_spec(&VariantSpec::parse("flash2")?)?.expect("flash2 exists");
+    /// Assembles a model; `attention` is an attention variant spec (naive, flash2, paged, ...).
+    pub fn new(
+        cfg: LlamaConfig,
+        embed: QuantMatrix,
+        head: Option<QuantMatrix>,
+        out_norm: Vec<f32>,
+        layers: Vec<Layer>,
+        attention: &str,
+    ) -> Result<Llama> {
+        cfg.validate()?;
+        let d = cfg.head_dim;
+        let inv_freq = (0..d / 2)
+            .map(|i| 1.0 / cfg.rope_base.powf((2 * i) as f32 / d as f32))
+            .collect();
         Ok(Llama {
-            fallback,
-            cache_k: vec![vec![vec![]; cfg.kv_heads]; cfg.layers],
-            cache_v: vec![vec![vec![]; cfg.kv_heads]; cfg.layers],
-            len: 0,
+            attention: attention_choice(attention)?,
+            fallback: attention_kernels::kernel_from_spec(&kernel_common::VariantSpec::parse(
+                "flash2",
+            )?)?
+            .expect("flash2 exists"),
             cfg,
             embed,
             head,
-            out_norm: g.floats("output_norm.weight")?,
+            out_norm,
             layers,
-            attention,
+            inv_freq,
         })
     }
 
-    /// Forgets the context.
-    pub fn reset(&mut self) {
-        for l in self.cache_k.iter_mut().chain(self.cache_v.iter_mut()) {
-            l.iter_mut().for_each(Vec::clear);
+    /// Bytes of all weights (what one decode step must read at least once).
+    pub fn weight_bytes(&self) -> usize {
+        let m = |q: &QuantMatrix| q.bytes().len();
+        let mut total = self.head.as_ref().map_or(0, m) + 4 * self.out_norm.len();
+        if self.head.is_none() {
+            total += m(&self.embed);
         }
-        self.len = 0;
+        for l in &self.layers {
+            total += m(&l.wqkv) + m(&l.wo) + 4 * (l.attn_norm.len() + l.ffn_norm.len());
+            total += match &l.ffn {
+                Ffn::Dense(e) => m(&e.gate_up) + m(&e.down),
+                Ffn::Moe { router, experts } => {
+                    4 * router.len()
+                        + experts
+                            .iter()
+                            .map(|e| m(&e.gate_up) + m(&e.down))
+                            .sum::<usize>()
+                }
+            };
+        }
+        total
     }
 
-    /// Rotary embedding on interleaved pairs (x[2i], x[2i+1]) of every head of `n` rows.
+    /// Rotary embedding of `heads` heads in each row, row r at position `start + r`.
     fn rope(&self, x: &mut [f32], heads: usize, start: usize) {
         let d = self.cfg.head_dim;
+        let half = d / 2;
         for (r, row) in x.chunks_mut(heads * d).enumerate() {
             let pos = (start + r) as f32;
             for h in row.chunks_mut(d) {
-                for i in 0..d / 2 {
-                    let theta = pos * self.cfg.rope_base.powf(-2.0 * i as f32 / d as f32);
-                    let (s, c) = theta.sin_cos();
-                    let (a, b) = (h[2 * i], h[2 * i + 1]);
-                    h[2 * i] = a * c - b * s;
-                    h[2 * i + 1] = a * s + b * c;
+                for (i, f) in self.inv_freq.iter().enumerate() {
+                    let (s, c) = (pos * f).sin_cos();
+                    let (ia, ib) = match self.cfg.rope {
+                        RopeLayout::HalfSplit => (i, i + half),
+                        RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+                    };
+                    let (a, b) = (h[ia], h[ib]);
+                    h[ia] = a * c - b * s;
+                    h[ib] = a * s + b * c;
                 }
             }
         }
     }
 
-    /// Runs `tokens` at the end of the context; returns the logits of the last one.
-    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    fn check_chunks(&self, kv: &KvPools, chunks: &[SeqChunk]) -> Result<()> {
+        let cfg = &self.cfg;
+        if chunks.is_empty() {
+            return Err(KernelError::InvalidShape("no sequences to run".into()));
+        }
+        if kv.layers.len() != cfg.layers
+            || kv.layout.kv_heads != cfg.kv_heads
+            || kv.layout.head_dim != cfg.head_dim
+        {
+            return Err(KernelError::InvalidShape(
+                "the KV cache was built for another model shape".into(),
+            ));
+        }
+        for c in chunks {
+            if c.tokens.is_empty() {
+                return Err(KernelError::InvalidShape("a chunk has no tokens".into()));
+            }
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+                return Err(KernelError::InvalidShape(format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    cfg.vocab
+                )));
+            }
+            let end = c.start + c.tokens.len();
+            if end > cfg.context {
+                return Err(KernelError::InvalidShape(format!(
+                    "{end} tokens exceed the context of {}",
+                    cfg.context
+                )));
+            }
+            let need = kv.layout.blocks_for(end);
+            if c.table.len() < need
+                || c.table[..need]
+                    .iter()
+                    .any(|&b| b as usize >= kv.layout.num_blocks)
+            {
+                return Err(KernelError::InvalidShape(format!(
+                    "block table {:?} does not cover {end} tokens in a pool of {} blocks",
+                    c.table, kv.layout.num_blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a batch of chunks: appends their K/V to `kv` and returns, per chunk, the logits of
+    /// its last token (`vocab` values) or of all its tokens (`n × vocab`, `all_logits`).
+    pub fn forward(&self, kv: &mut KvPools, chunks: &[SeqChunk]) -> Result<Vec<Vec<f32>>> {
+        self.check_chunks(kv, chunks)?;
         let cfg = self.cfg;
-        let (n, d, hd) = (tokens.len(), cfg.d_model, cfg.head_dim);
-        if n == 0 {
-            return Err(KernelError::InvalidShape("no tokens to run".into()));
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
-            return Err(KernelError::InvalidShape(format!(
-                "token id {t} is outside the vocabulary of {}",
-                cfg.vocab
-            )));
-        }
-        if self.len + n > cfg.context {
-            return Err(KernelError::InvalidShape(format!(
-                "{} tokens exceed the context of {}",
-                self.len + n,
-                cfg.context
-            )));
-        }
+        let (d, qd, kvd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim());
+        let rows: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
+        let offsets: Vec<usize> = rows
+            .iter()
+            .scan(0, |acc, &n| {
+                let at = *acc;
+                *acc += n;
+                Some(at)
+            })
+            .collect();
+        let n_total: usize = rows.iter().sum();
         let mut codes = vec![];
-        let mut x = vec![0.0f32; n * d];
-        for (i, &t) in tokens.iter().enumerate() {
+        let mut x = vec![0.0f32; n_total * d];
+        for (i, &t) in chunks.iter().flat_map(|c| c.tokens).enumerate() {
             self.embed
                 .decode_row_range(t as usize, 0, &mut x[i * d..(i + 1) * d], &mut codes);
         }
-        let start = self.len;
-        let total = start + n;
-        for li in 0..cfg.layers {
-            let l = &self.layers[li];
+        for (li, l) in self.layers.iter().enumerate() {
             let h = rmsnorm(&x, &l.attn_norm, cfg.eps);
-            let qkv = proj(&l.wqkv, &h, n)?;
-            let kvd = cfg.kv_heads * hd;
+            let qkv = proj(&l.wqkv, &h, n_total)?;
             let (mut q, mut k, mut v) = (
-                Vec::with_capacity(n * d),
-                Vec::with_capacity(n * kvd),
-                Vec::with_capacity(n * kvd),
+                Vec::with_capacity(n_total * qd),
+                Vec::with_capacity(n_total * kvd),
+                Vec::with_capacity(n_total * kvd),
             );
-            for row in qkv.chunks(d + 2 * kvd) {
-                q.extend_from_slice(&row[..d]);
-                k.extend_from_slice(&row[d..d + kvd]);
-                v.extend_from_slice(&row[d + kvd..]);
+            for row in qkv.chunks(qd + 2 * kvd) {
+                q.extend_from_slice(&row[..qd]);
+                k.extend_from_slice(&row[qd..qd + kvd]);
+                v.extend_from_slice(&row[qd + kvd..]);
             }
-            self.rope(&mut q, cfg.heads, start);
-            self.rope(&mut k, cfg.kv_heads, start);
-            for r in 0..n {
-                for kh in 0..cfg.kv_heads {
-                    let at = (r * cfg.kv_heads + kh) * hd;
-                    self.cache_k[li][kh].extend_from_slice(&k[at..at + hd]);
-                    self.cache_v[li][kh].extend_from_slice(&v[at..at + hd]);
+            for (c, &at) in chunks.iter().zip(&offsets) {
+                let n = c.tokens.len();
+                self.rope(&mut q[at * qd..(at + n) * qd], cfg.heads, c.start);
+                self.rope(&mut k[at * kvd..(at + n) * kvd], cfg.kv_heads, c.start);
+                kv.write(
+                    li,
+                    c.table,
+                    c.start,
+                    &k[at * kvd..(at + n) * kvd],
+                    &v[at * kvd..(at + n) * kvd],
+                );
+            }
+            let attn = self.attention(kv, li, chunks, &offsets, &q)?;
+            let o = proj(&l.wo, &attn, n_total)?;
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let h2 = rmsnorm(&x, &l.ffn_norm, cfg.eps);
+            let ffn = match &l.ffn {
+                Ffn::Dense(e) => e.forward(&h2, n_total, cfg.d_ff)?,
+                Ffn::Moe { router, experts } => self.moe(router, experts, &h2, n_total)?,
+            };
+            x.iter_mut().zip(&ffn).for_each(|(a, b)| *a += b);
+        }
+        // Output rows: the last of each chunk, or all of it.
+        let picked: Vec<(usize, usize)> = chunks
+            .iter()
+            .zip(&offsets)
+            .map(|(c, &at)| {
+                let n = c.tokens.len();
+                if c.all_logits {
+                    (at, n)
+                } else {
+                    (at + n - 1, 1)
+                }
+            })
+            .collect();
+        let mut last = vec![];
+        for &(at, n) in &picked {
+            last.extend_from_slice(&x[at * d..(at + n) * d]);
+        }
+        let normed = rmsnorm(&last, &self.out_norm, cfg.eps);
+        let m: usize = picked.iter().map(|p| p.1).sum();
+        let logits = proj(self.head.as_ref().unwrap_or(&self.embed), &normed, m)?;
+        let mut out = vec![];
+        let mut at = 0;
+        for &(_, n) in &picked {
+            out.push(logits[at * cfg.vocab..(at + n) * cfg.vocab].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Attention of every chunk's queries (rows of `q`, `[rows, heads·hd]`) over its cached
+    /// context; returns rows in the same layout.
+    fn attention(
+        &self,
+        kv: &KvPools,
+        li: usize,
+        chunks: &[SeqChunk],
+        offsets: &[usize],
+        q: &[f32],
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (hd, qd, heads) = (cfg.head_dim, cfg.q_dim(), cfg.heads);
+        let mut attn = vec![f32::NAN; q.len()];
+        let mut done = vec![false; chunks.len()];
+        if let AttentionChoice::Paged(split) = self.attention {
+            // One paged decode call per distinct chunk length ≤ MAX_Q_LEN.
+            for q_len in 1..=MAX_Q_LEN {
+                let group: Vec<usize> = (0..chunks.len())
+                    .filter(|&i| chunks[i].tokens.len() == q_len)
+                    .collect();
+                if group.is_empty() {
+                    continue;
+                }
+                let mut qh = vec![0.0f32; group.len() * qd * q_len];
+                for (s, &i) in group.iter().enumerate() {
+                    for r in 0..q_len {
+                        for h in 0..heads {
+                            let src = (offsets[i] + r) * qd + h * hd;
+                            let dst = ((s * heads + h) * q_len + r) * hd;
+                            qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
+                        }
+                    }
+                }
+                let batch = PagedBatch {
+                    context_lens: group.iter().map(|&i| chunks[i].start + q_len).collect(),
+                    block_tables: group.iter().map(|&i| chunks[i].table.to_vec()).collect(),
+                };
+                let shape = PagedDecodeShape {
+                    q_heads: heads,
+                    kv_heads: cfg.kv_heads,
+                    head_dim: hd,
+                    q_len,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                };
+                let mut out = Buffer::poisoned(DType::F32, qh.len());
+                paged_decode(
+                    &shape,
+                    &batch,
+                    &kv.layers[li],
+                    &Buffer::F32(qh),
+                    &mut out,
+                    split,
+                )?;
+                let out = out.to_f32();
+                for (s, &i) in group.iter().enumerate() {
+                    for r in 0..q_len {
+                        for h in 0..heads {
+                            let src = ((s * heads + h) * q_len + r) * hd;
+                            let dst = (offsets[i] + r) * qd + h * hd;
+                            attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
+                        }
+                    }
+                    done[i] = true;
                 }
             }
-            // q [n, heads, d] → [1, heads, n, d]; cache → [1, kv_heads, total, d].
-            let mut qh = vec![0.0f32; n * d];
+        }
+        for (i, c) in chunks.iter().enumerate().filter(|(i, _)| !done[*i]) {
+            let n = c.tokens.len();
+            let total = c.start + n;
+            let (k, v) = kv.gather(li, c.table, total)?;
+            let mut qh = vec![0.0f32; n * qd];
             for r in 0..n {
-                for hh in 0..cfg.heads {
-                    let (src, dst) = ((r * cfg.heads + hh) * hd, (hh * n + r) * hd);
+                for h in 0..heads {
+                    let (src, dst) = ((offsets[i] + r) * qd + h * hd, (h * n + r) * hd);
                     qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
                 }
             }
-            let shape = AttentionShape::new(1, cfg.heads, cfg.kv_heads, n, total, hd, true);
+            let shape = AttentionShape::new(1, heads, cfg.kv_heads, n, total, hd, true);
             let inputs = AttentionInputs {
                 q: Buffer::F32(qh),
-                k: Buffer::F32(self.cache_k[li].concat()),
-                v: Buffer::F32(self.cache_v[li].concat()),
+                k,
+                v,
             };
-            let mut out = Buffer::poisoned(DType::F32, n * d);
-            let kernel = match self.attention.supports(&shape, DType::F32, Device::Cpu) {
-                Ok(()) => &self.attention,
-                Err(_) => &self.fallback,
+            let kernel = match &self.attention {
+                AttentionChoice::Contiguous(k)
+                    if k.supports(&shape, DType::F32, Device::Cpu).is_ok() =>
+                {
+                    k
+                }
+                _ => &self.fallback,
             };
+            let mut out = Buffer::poisoned(DType::F32, n * qd);
             kernel.prepare(&shape, &inputs)?.run(&mut out)?;
             let out = out.to_f32();
-            let mut attn = vec![0.0f32; n * d];
             for r in 0..n {
-                for hh in 0..cfg.heads {
-                    let (src, dst) = ((hh * n + r) * hd, (r * cfg.heads + hh) * hd);
+                for h in 0..heads {
+                    let (src, dst) = ((h * n + r) * hd, (offsets[i] + r) * qd + h * hd);
                     attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
                 }
             }
-            let o = proj(&l.wo, &attn, n)?;
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-            let h2 = rmsnorm(&x, &l.ffn_norm, cfg.eps);
-            let gu = proj(&l.w_gate_up, &h2, n)?;
-            let f = cfg.d_ff;
-            let act: Vec<f32> = gu
-                .chunks(2 * f)
-                .flat_map(|row| {
-                    let (g, u) = row.split_at(f);
-                    g.iter()
-                        .zip(u)
-                        .map(|(gv, uv)| gv / (1.0 + (-gv).exp()) * uv)
-                })
-                .collect();
-            let down = proj(&l.w_down, &act, n)?;
-            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
-        self.len = total;
-        let last = rmsnorm(&x[(n - 1) * d..], &self.out_norm, cfg.eps);
-        proj(self.head.as_ref().unwrap_or(&self.embed), &last, 1)
+        Ok(attn)
     }
 
-    /// Greedy continuation of `prompt`: `max_new` tokens, stopping early at `eos` unless None.
-    pub fn greedy(&mut self, prompt: &[u32], max_new: usize, eos: Option<u32>) -> Result<Vec<u32>> {
-        self.reset();
-        let mut out = vec![];
-        let mut logits = self.forward(prompt)?;
-        for _ in 0..max_new {
-            let next = argmax(&logits);
-            out.push(next);
-            if Some(next) == eos || out.len() == max_new {
-                break;
+    /// The sparse feed-forward: route (softmax, top-k, renormalise, capacity), then each
+    /// expert's SwiGLU on the rows routed to it, combined with the routing weights.
+    fn moe(&self, router: &[f32], experts: &[Expert], x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let spec = cfg.moe.expect("an MoE layer has a spec");
+        let mcfg = MoeConfig {
+            tokens: n,
+            d_model: cfg.d_model,
+            d_ff: cfg.d_ff,
+            experts: spec.experts,
+            top_k: spec.top_k,
+            norm: WeightNorm::Renormalize,
+            capacity: spec.capacity,
+            policy: DropPolicy::TokenOrder,
+        };
+        let routing = route(&mcfg, x, router, &vec![0.0; spec.experts])?;
+        let d = cfg.d_model;
+        let mut out = vec![0.0f32; n * d];
+        for (e, expert) in experts.iter().enumerate() {
+            let mine: Vec<_> = routing
+                .assignments
+                .iter()
+                .filter(|a| a.kept && a.expert == e)
+                .collect();
+            if mine.is_empty() {
+                continue;
             }
-            logits = self.forward(&[next])?;
+            let rows: Vec<f32> = mine
+                .iter()
+                .flat_map(|a| x[a.token * d..(a.token + 1) * d].iter().copied())
+                .collect();
+            let y = expert.forward(&rows, mine.len(), cfg.d_ff)?;
+            for (a, yr) in mine.iter().zip(y.chunks(d)) {
+                let w = a.weight as f32;
+                out[a.token * d..(a.token + 1) * d]
+                    .iter_mut()
+                    .zip(yr)
+                    .for_each(|(o, v)| *o += w * v);
+            }
         }
         Ok(out)
+    }
+}
+
+/// Parses an attention spec for the model: a contiguous kernel, or `paged[:split=...]` (the
+/// block size is the KV cache's, `--block-size`).
+pub fn attention_choice(spec: &str) -> Result<AttentionChoice> {
+    let parsed = kernel_common::VariantSpec::parse(spec)?;
+    if parsed.name == "paged" {
+        parsed.only(&["split"]).map_err(|_| {
+            KernelError::Unsupported(format!(
+                "attention '{spec}': the model's paged attention takes only split=...; the block size is --block-size"
+            ))
+        })?;
+        let split = SplitKv::parse(parsed.params.get("split").map_or("off", String::as_str))?;
+        return Ok(AttentionChoice::Paged(split));
+    }
+    match attention_kernels::kernel_from_spec(&parsed)? {
+        Some(k) => Ok(AttentionChoice::Contiguous(k)),
+        None => Err(KernelError::Unsupported(format!(
+            "unknown attention variant '{spec}' (naive, flash2, paged, with parameters)"
+        ))),
     }
 }

@@ -4,7 +4,7 @@
 //! make_reference.py), greedy tokens do not depend on the attention variant, and bad input is
 //! one clear error. GGUF parsing errors are checked on crafted bytes, with no model needed.
 
-use models::{smollm2_path, Gguf, Llama, TextTokenizer};
+use models::{smollm2_path, Gguf, Llama, Session, TextTokenizer};
 use std::path::Path;
 
 fn model() -> Option<Gguf> {
@@ -36,7 +36,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 fn tokenizer_and_greedy_match_transformers() {
     let Some(g) = model() else { return };
     let tok = TextTokenizer::from_gguf(&g).unwrap();
-    let mut m = Llama::from_gguf(&g, "flash2").unwrap();
+    let m = Llama::from_gguf(&g, "flash2").unwrap();
     let r = reference();
     for case in r["cases"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
@@ -59,15 +59,17 @@ fn attention_variants_give_the_same_tokens() {
     let tok = TextTokenizer::from_gguf(&g).unwrap();
     let prompt = tok.encode("Once upon a time, in a small village,").unwrap();
     let mut outs = vec![];
-    for attention in [
-        "naive",
-        "flash2",
-        "flash2:br=16,bc=32",
-        "paged:bs=16",
-        "paged:bs=1",
+    for (attention, block) in [
+        ("naive", 16),
+        ("flash2", 16),
+        ("flash2:br=16,bc=32", 5),
+        ("paged", 16),
+        ("paged", 1),
+        ("paged:split=auto", 32),
     ] {
-        let mut m = Llama::from_gguf(&g, attention).unwrap();
-        outs.push((attention, m.greedy(&prompt, 16, None).unwrap()));
+        let m = Llama::from_gguf(&g, attention).unwrap();
+        let out = m.greedy_with_blocks(&prompt, 16, None, block).unwrap();
+        outs.push((format!("{attention} bs={block}"), out));
     }
     for (name, o) in &outs[1..] {
         assert_eq!(o, &outs[0].1, "{name} vs naive");
@@ -77,11 +79,16 @@ fn attention_variants_give_the_same_tokens() {
 #[test]
 fn bad_requests_are_errors() {
     let Some(g) = model() else { return };
-    let mut m = Llama::from_gguf(&g, "flash2").unwrap();
-    let e = m.forward(&[49152]).unwrap_err().to_string();
+    let m = Llama::from_gguf(&g, "flash2").unwrap();
+    let mut s = Session::new(&m, 64, 16).unwrap();
+    let e = s.forward(&[49152]).unwrap_err().to_string();
     assert!(e.contains("outside the vocabulary"), "{e}");
-    let long = vec![1u32; m.cfg.context + 1];
-    let e = m.forward(&long).unwrap_err().to_string();
+    let e = s.forward(&[1u32; 65]).unwrap_err().to_string();
+    assert!(e.contains("exceed"), "{e}");
+    let e = Session::new(&m, m.cfg.context + 1, 16)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("exceed the context"), "{e}");
     assert!(Llama::from_gguf(&g, "nosuch").is_err());
 }

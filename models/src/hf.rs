@@ -1,0 +1,276 @@
+//! Hugging Face checkpoint directories: `config.json` of a `LlamaForCausalLM` or
+//! `MixtralForCausalLM` (transformers 4 style, `rope_theta` at the top level, or transformers 5,
+//! `rope_parameters.rope_theta`) and the weights in `model.safetensors` or in shards listed by
+//! `model.safetensors.index.json`, f32/f16/bf16 (bf16 widened to f32 exactly, f16 kept), plus
+//! `tokenizer.json` when present. Every defect is one error naming the file and the problem.
+
+use crate::llama::{LlamaConfig, MoeSpec, Result, RopeLayout};
+use crate::load::{build, LoadOptions, Naming, TensorSource};
+use crate::tokenizer::TextTokenizer;
+use kernel_common::KernelError;
+use moe_kernels::Capacity;
+use quant_kernels::{QuantMatrix, WeightFormat};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+struct Tensor {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range in the file.
+    range: (usize, usize),
+}
+
+/// An opened checkpoint directory (all weight bytes in memory).
+pub struct HfCheckpoint {
+    pub dir: PathBuf,
+    pub config: LlamaConfig,
+    pub tied: bool,
+    eos: Option<u32>,
+    bos: Option<u32>,
+    files: Vec<(PathBuf, Vec<u8>)>,
+    tensors: BTreeMap<String, Tensor>,
+}
+
+fn bad(path: &Path, m: impl std::fmt::Display) -> KernelError {
+    KernelError::BadBuffer(format!("{}: {m}", path.display()))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| bad(path, format!("cannot read ({e})")))
+}
+
+fn json(path: &Path) -> Result<Value> {
+    serde_json::from_slice(&read(path)?).map_err(|e| bad(path, format!("malformed JSON ({e})")))
+}
+
+/// The first id of a token-id field (an integer or a list of integers).
+fn token_id(v: Option<&Value>) -> Option<u32> {
+    match v? {
+        Value::Array(a) => a.first()?.as_u64().map(|x| x as u32),
+        x => x.as_u64().map(|x| x as u32),
+    }
+}
+
+/// The model shape from a parsed config.json at `path`.
+pub fn parse_config(path: &Path, c: &Value) -> Result<(LlamaConfig, bool)> {
+    let arch = c["architectures"][0]
+        .as_str()
+        .or(c["model_type"].as_str())
+        .unwrap_or("");
+    let mixtral = match arch {
+        "LlamaForCausalLM" | "llama" => false,
+        "MixtralForCausalLM" | "mixtral" => true,
+        other => {
+            return Err(bad(
+                path,
+                format!("architecture '{other}' is not LlamaForCausalLM or MixtralForCausalLM"),
+            ))
+        }
+    };
+    let uint = |key: &str| -> Result<usize> {
+        c[key].as_u64().map(|v| v as usize).ok_or_else(|| {
+            bad(
+                path,
+                format!("'{key}' is missing or not a non-negative integer"),
+            )
+        })
+    };
+    let float = |v: &Value| v.as_f64();
+    if c["attention_bias"].as_bool() == Some(true) || c["mlp_bias"].as_bool() == Some(true) {
+        return Err(bad(path, "attention or MLP biases are not supported"));
+    }
+    if let Some(act) = c["hidden_act"].as_str() {
+        if act != "silu" {
+            return Err(bad(path, format!("hidden_act '{act}' is not silu")));
+        }
+    }
+    let rope = if c["rope_parameters"].is_object() {
+        &c["rope_parameters"]
+    } else {
+        &c["rope_scaling"]
+    };
+    if let Some(kind) = rope["rope_type"].as_str().or(rope["type"].as_str()) {
+        if kind != "default" {
+            return Err(bad(
+                path,
+                format!("rope type '{kind}' is not supported (only default)"),
+            ));
+        }
+    }
+    let rope_base = float(&c["rope_theta"])
+        .or(float(&c["rope_parameters"]["rope_theta"]))
+        .unwrap_or(10000.0);
+    let (d_model, heads) = (uint("hidden_size")?, uint("num_attention_heads")?);
+    let head_dim = match c["head_dim"].as_u64() {
+        Some(h) => h as usize,
+        None if heads > 0 => d_model / heads,
+        None => 0,
+    };
+    let moe = if mixtral {
+        Some(MoeSpec {
+            experts: uint("num_local_experts")?,
+            top_k: uint("num_experts_per_tok")?,
+            capacity: Capacity::Dropless,
+        })
+    } else {
+        None
+    };
+    let cfg = LlamaConfig {
+        layers: uint("num_hidden_layers")?,
+        d_model,
+        heads,
+        kv_heads: c["num_key_value_heads"]
+            .as_u64()
+            .map_or(heads, |v| v as usize),
+        head_dim,
+        d_ff: uint("intermediate_size")?,
+        vocab: uint("vocab_size")?,
+        context: uint("max_position_embeddings")?,
+        eps: float(&c["rms_norm_eps"]).unwrap_or(1e-6) as f32,
+        rope_base: rope_base as f32,
+        rope: RopeLayout::HalfSplit,
+        moe,
+    };
+    cfg.validate().map_err(|e| bad(path, e))?;
+    Ok((cfg, c["tie_word_embeddings"].as_bool().unwrap_or(false)))
+}
+
+impl HfCheckpoint {
+    /// Reads config.json and every safetensors file of `dir`.
+    pub fn open(dir: &Path) -> Result<HfCheckpoint> {
+        let cfg_path = dir.join("config.json");
+        if !cfg_path.exists() {
+            return Err(bad(
+                dir,
+                "no config.json: not a Hugging Face checkpoint directory",
+            ));
+        }
+        let c = json(&cfg_path)?;
+        let (config, tied) = parse_config(&cfg_path, &c)?;
+        let index = dir.join("model.safetensors.index.json");
+        let names: Vec<String> = if index.exists() {
+            let map = json(&index)?;
+            let map = map["weight_map"]
+                .as_object()
+                .ok_or_else(|| bad(&index, "'weight_map' is missing"))?
+                .values()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect::<std::collections::BTreeSet<_>>();
+            map.into_iter().collect()
+        } else if dir.join("model.safetensors").exists() {
+            vec!["model.safetensors".into()]
+        } else {
+            return Err(bad(
+                dir,
+                "no model.safetensors or model.safetensors.index.json",
+            ));
+        };
+        let mut files = vec![];
+        let mut tensors = BTreeMap::new();
+        for (fi, n) in names.iter().enumerate() {
+            let path = dir.join(n);
+            let bytes = read(&path)?;
+            SafeTensors::deserialize(&bytes)
+                .map_err(|e| bad(&path, format!("not a valid safetensors file ({e})")))?;
+            let (header, meta) = SafeTensors::read_metadata(&bytes)
+                .map_err(|e| bad(&path, format!("not a valid safetensors file ({e})")))?;
+            for (name, info) in meta.tensors() {
+                let (a, b) = info.data_offsets;
+                tensors.insert(
+                    name,
+                    Tensor {
+                        file: fi,
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        range: (8 + header + a, 8 + header + b),
+                    },
+                );
+            }
+            files.push((path, bytes));
+        }
+        Ok(HfCheckpoint {
+            dir: dir.to_path_buf(),
+            config,
+            tied,
+            eos: token_id(c.get("eos_token_id")),
+            bos: token_id(c.get("bos_token_id")),
+            files,
+            tensors,
+        })
+    }
+
+    /// The model with `opts` (attention, weight format, MoE capacity).
+    pub fn build(&self, opts: &LoadOptions) -> Result<crate::Llama> {
+        build(self.config, self, Naming::Hf, self.tied, opts)
+    }
+
+    /// `tokenizer.json`, when the directory has one.
+    pub fn tokenizer(&self) -> Result<Option<TextTokenizer>> {
+        let path = self.dir.join("tokenizer.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| bad(&path, format!("cannot load the tokenizer ({e})")))?;
+        Ok(Some(TextTokenizer {
+            vocab_size: self.config.vocab,
+            inner,
+            bos: self.bos,
+            eos: self.eos,
+        }))
+    }
+}
+
+impl TensorSource for HfCheckpoint {
+    fn origin(&self) -> String {
+        self.dir.display().to_string()
+    }
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn matrix(&self, name: &str) -> Result<QuantMatrix> {
+        let t = &self.tensors[name];
+        let (path, bytes) = &self.files[t.file];
+        let (rows, cols) = match t.shape[..] {
+            [n] => (1, n),
+            [r, c] => (r, c),
+            _ => {
+                return Err(bad(
+                    path,
+                    format!(
+                        "tensor '{name}' has shape {:?}, not a vector or matrix",
+                        t.shape
+                    ),
+                ))
+            }
+        };
+        let data = &bytes[t.range.0..t.range.1];
+        let err = |e: KernelError| bad(path, format!("tensor '{name}': {e}"));
+        match t.dtype {
+            Dtype::F32 => {
+                let w: Vec<f32> = data
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                QuantMatrix::quantize(WeightFormat::F32, rows, cols, &w).map_err(err)
+            }
+            Dtype::BF16 => {
+                let w: Vec<f32> = data
+                    .chunks_exact(2)
+                    .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+                    .collect();
+                QuantMatrix::quantize(WeightFormat::F32, rows, cols, &w).map_err(err)
+            }
+            Dtype::F16 => {
+                QuantMatrix::from_bytes(WeightFormat::F16, rows, cols, data.to_vec()).map_err(err)
+            }
+            other => Err(bad(
+                path,
+                format!("tensor '{name}' has dtype {other:?}, not F32, F16 or BF16"),
+            )),
+        }
+    }
+}

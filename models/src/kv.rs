@@ -1,0 +1,170 @@
+//! The model's KV cache storage: one paged pool per layer (`paged_kernels::KvPool`, layout
+//! `[blocks, kv_heads, block_size, head_dim]`, f32, NaN-poisoned so a read of a slot nobody
+//! wrote shows up), written at a sequence's positions through its block table, read back
+//! contiguously for contiguous attention kernels or in place by paged decode; block copies for
+//! copy-on-write. Which blocks a sequence owns is decided elsewhere (`blocks.rs`). `Session` is
+//! the batch-1 convenience: one sequence, blocks 0.. in order, for tests and plain generation.
+
+use crate::llama::{argmax, Llama, Result, SeqChunk};
+use kernel_common::{Buffer, DType, KernelError};
+use paged_kernels::{KvPool, PoolLayout};
+
+/// Per-layer K/V block pools sharing one layout.
+pub struct KvPools {
+    pub layout: PoolLayout,
+    pub layers: Vec<KvPool>,
+}
+
+fn f32s(b: &mut Buffer) -> &mut [f32] {
+    match b {
+        Buffer::F32(v) => v,
+        _ => unreachable!("the model's pools are f32"),
+    }
+}
+
+impl KvPools {
+    /// `num_blocks` blocks of `block_size` tokens for every layer of `model`.
+    pub fn new(model: &Llama, num_blocks: usize, block_size: usize) -> Result<KvPools> {
+        let layout = PoolLayout {
+            num_blocks,
+            block_size,
+            kv_heads: model.cfg.kv_heads,
+            head_dim: model.cfg.head_dim,
+        };
+        layout.validate()?;
+        let layers = (0..model.cfg.layers)
+            .map(|_| KvPool::poisoned(layout, DType::F32))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvPools { layout, layers })
+    }
+
+    /// Bytes of K and V per token over all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.layers.len() * self.layout.kv_heads * self.layout.head_dim * 4
+    }
+
+    /// Stores rows `[n, kv_heads·head_dim]` of K and V of layer `li` at positions
+    /// `start..start + n` of the sequence with block table `table`.
+    pub fn write(&mut self, li: usize, table: &[u32], start: usize, k: &[f32], v: &[f32]) {
+        let layout = self.layout;
+        let (hd, bs) = (layout.head_dim, layout.block_size);
+        let pool = &mut self.layers[li];
+        for (dst, src) in [(&mut pool.k, k), (&mut pool.v, v)] {
+            let dst = f32s(dst);
+            for (r, row) in src.chunks(layout.kv_heads * hd).enumerate() {
+                let pos = start + r;
+                let block = table[pos / bs] as usize;
+                for (h, head) in row.chunks(hd).enumerate() {
+                    let at = layout.offset(block, h, pos % bs);
+                    dst[at..at + hd].copy_from_slice(head);
+                }
+            }
+        }
+    }
+
+    /// K and V of positions `0..tokens` of layer `li`, contiguous `[kv_heads, tokens, d]`.
+    pub fn gather(&self, li: usize, table: &[u32], tokens: usize) -> Result<(Buffer, Buffer)> {
+        paged_kernels::pool::gather(&self.layers[li], table, tokens)
+    }
+
+    /// Copies block `src` into block `dst` in every layer (copy-on-write).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let n = self.layout.block_elems();
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for pool in &mut self.layers {
+            for buf in [&mut pool.k, &mut pool.v] {
+                f32s(buf).copy_within(s..s + n, d);
+            }
+        }
+    }
+}
+
+/// One sequence over its own pools (blocks in order): prompt, then token by token.
+pub struct Session<'m> {
+    pub model: &'m Llama,
+    pub kv: KvPools,
+    table: Vec<u32>,
+    /// Tokens in the cache.
+    pub len: usize,
+}
+
+impl<'m> Session<'m> {
+    /// Room for `capacity` tokens in blocks of `block_size`.
+    pub fn new(model: &'m Llama, capacity: usize, block_size: usize) -> Result<Session<'m>> {
+        if capacity > model.cfg.context {
+            return Err(KernelError::InvalidShape(format!(
+                "{capacity} tokens exceed the context of {}",
+                model.cfg.context
+            )));
+        }
+        let blocks = capacity.max(1).div_ceil(block_size);
+        Ok(Session {
+            model,
+            kv: KvPools::new(model, blocks, block_size)?,
+            table: (0..blocks as u32).collect(),
+            len: 0,
+        })
+    }
+
+    /// Runs `tokens` at the end of the context; returns the logits of the last one.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let cap = self.table.len() * self.kv.layout.block_size;
+        if self.len + tokens.len() > cap {
+            return Err(KernelError::InvalidShape(format!(
+                "{} tokens exceed the session's room of {cap}",
+                self.len + tokens.len()
+            )));
+        }
+        let chunk = SeqChunk {
+            tokens,
+            start: self.len,
+            table: &self.table,
+            all_logits: false,
+        };
+        let logits = self.model.forward(&mut self.kv, &[chunk])?;
+        self.len += tokens.len();
+        Ok(logits.into_iter().next().expect("one chunk"))
+    }
+
+    /// Logits of every token of `tokens` (e.g. a whole prompt, to compare with a reference).
+    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let chunk = SeqChunk {
+            tokens,
+            start: self.len,
+            table: &self.table,
+            all_logits: true,
+        };
+        let logits = self.model.forward(&mut self.kv, &[chunk])?;
+        self.len += tokens.len();
+        Ok(logits.into_iter().next().expect("one chunk"))
+    }
+}
+
+impl Llama {
+    /// Greedy continuation of `prompt`: `max_new` tokens, stopping early at `eos` unless None.
+    pub fn greedy(&self, prompt: &[u32], max_new: usize, eos: Option<u32>) -> Result<Vec<u32>> {
+        self.greedy_with_blocks(prompt, max_new, eos, 16)
+    }
+
+    /// `greedy` with KV blocks of `block_size` tokens.
+    pub fn greedy_with_blocks(
+        &self,
+        prompt: &[u32],
+        max_new: usize,
+        eos: Option<u32>,
+        block_size: usize,
+    ) -> Result<Vec<u32>> {
+        let mut s = Session::new(self, prompt.len() + max_new, block_size)?;
+        let mut out = vec![];
+        let mut logits = s.forward(prompt)?;
+        while out.len() < max_new {
+            let next = argmax(&logits);
+            out.push(next);
+            if Some(next) == eos || out.len() == max_new {
+                break;
+            }
+            logits = s.forward(&[next])?;
+        }
+        Ok(out)
+    }
+}
