@@ -58,6 +58,9 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
         "quant" => return crate::exp_quant::run(opts, &spec, &spec_path, grid, &names, reps),
         "moe" => return crate::exp_moe::run(opts, &spec, &spec_path, grid, &names, reps),
         "kv" => return crate::exp_kv::run(opts, &spec, &spec_path, grid),
+        "kv_alloc" => return crate::exp_kv_alloc::run(opts, &spec, &spec_path, grid, &names),
+        "serving" => return crate::exp_serving::run(opts, &spec, &spec_path, grid),
+        "decode" => return crate::exp_decode::run(opts, &spec, &spec_path, grid),
         _ => {}
     }
     let points = ExperimentSpec::points(&grid)?;
@@ -124,6 +127,59 @@ pub(crate) fn spread(len: usize, count: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).map(|i| i * (len - 1) / (n - 1).max(1)).collect();
     v.dedup();
     v
+}
+
+/// Typed reads of a resolved grid, one clear error per bad value.
+pub(crate) struct GridValues<'a>(pub &'a std::collections::BTreeMap<String, Vec<String>>);
+
+impl GridValues<'_> {
+    /// The values of `key`, or `default` when the grid does not set it.
+    pub fn strings(&self, key: &str, default: &[&str]) -> Vec<String> {
+        self.0
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Values of `key` parsed as `T` (a positive count, a rate, ...), checked by `ok`.
+    pub fn parsed<T: std::str::FromStr + Copy>(
+        &self,
+        key: &str,
+        default: &[&str],
+        what: &str,
+        ok: impl Fn(T) -> bool,
+    ) -> Result<Vec<T>> {
+        self.strings(key, default)
+            .iter()
+            .map(|v| match v.parse::<T>() {
+                Ok(x) if ok(x) => Ok(x),
+                _ => Err(HarnessError::Usage(format!("{key} '{v}' is not {what}"))),
+            })
+            .collect()
+    }
+
+    /// Positive integers.
+    pub fn counts(&self, key: &str, default: &[&str]) -> Result<Vec<usize>> {
+        self.parsed(key, default, "a positive integer", |n: usize| n > 0)
+    }
+
+    /// The single value of `key` (a workload parameter, not a swept axis).
+    pub fn one<T: std::str::FromStr + Copy>(
+        &self,
+        key: &str,
+        default: &str,
+        what: &str,
+        ok: impl Fn(T) -> bool,
+    ) -> Result<T> {
+        let v = self.parsed(key, &[default], what, ok)?;
+        match v[..] {
+            [x] => Ok(x),
+            _ => Err(HarnessError::Usage(format!(
+                "{key} takes one value, got {}",
+                v.len()
+            ))),
+        }
+    }
 }
 
 /// A progress bar over `len` rows.

@@ -15,12 +15,18 @@ pub mod check_quant;
 pub mod error;
 /// `harness exp`: grid runner streaming rows to CSV.
 pub mod exp;
+/// `harness exp` for the decode family: decode and prefill against the bandwidth roofline.
+pub mod exp_decode;
 /// `harness exp` for the kv family: the exact KV-cache calculator.
 pub mod exp_kv;
+/// `harness exp` for the kv_alloc family: contiguous vs paged allocation, simulated.
+pub mod exp_kv_alloc;
 /// `harness exp` for the moe family: capacity × skew × k × experts.
 pub mod exp_moe;
 /// `harness exp` for the quant family: formats × shapes × weights × batch.
 pub mod exp_quant;
+/// `harness exp` for the serving family: static, dynamic and continuous batching.
+pub mod exp_serving;
 /// `harness generate`: greedy generation with a GGUF llama checkpoint.
 pub mod generate;
 /// Host, CPU, git and rustc facts for provenance.

@@ -55,6 +55,18 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
         let rows: Vec<crate::exp_kv::KvRow> = read_rows(csv)?;
         plots(spec, &rows, prov, csv)?;
         (crate::exp_kv::tables(&rows), rows.len())
+    } else if spec.family == "kv_alloc" {
+        let rows: Vec<crate::exp_kv_alloc::KvAllocRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (crate::exp_kv_alloc::tables(&rows), rows.len())
+    } else if spec.family == "serving" {
+        let rows: Vec<crate::exp_serving::ServingRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (crate::exp_serving::tables(&rows), rows.len())
+    } else if spec.family == "decode" {
+        let rows: Vec<crate::exp_decode::DecodeRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (crate::exp_decode::tables(&rows), rows.len())
     } else if spec.family == "moe" {
         let rows: Vec<crate::exp_moe::MoeRow> = read_rows(csv)?;
         plots(spec, &rows, prov, csv)?;

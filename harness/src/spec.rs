@@ -80,8 +80,76 @@ pub const KV_GRID_KEYS: &[(&str, &str)] = &[
     ("sessions", "sequences held at once"),
 ];
 
+/// Grid keys a kv_alloc (allocation simulation) experiment understands.
+pub const KV_ALLOC_GRID_KEYS: &[(&str, &str)] = &[
+    ("block_size", "paged block size in tokens (swept)"),
+    (
+        "system_prompt",
+        "tokens of a system prompt shared by every request (swept)",
+    ),
+    ("budget_tokens", "KV slots of the budget (one value)"),
+    (
+        "max_new",
+        "most output tokens per request; contiguous reserves prompt + this",
+    ),
+    ("requests", "requests queued at once"),
+    ("prompt_mean", "mean prompt tokens (log-normal, sigma 1)"),
+    ("output_mean", "mean output tokens (log-normal, sigma 1)"),
+];
+
+/// Grid keys a serving (batching) experiment understands.
+pub const SERVING_GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "model",
+        "smollm2 (the fetched GGUF) | a preset | a checkpoint path",
+    ),
+    (
+        "mode",
+        "static | dynamic:<window ms> | continuous | continuous-chunked",
+    ),
+    (
+        "load",
+        "offered rate as a fraction of the model's saturated capacity",
+    ),
+    ("requests", "requests per run"),
+    ("prompt_mean", "mean prompt tokens (log-normal)"),
+    ("output_mean", "mean output tokens (log-normal)"),
+    ("max_new", "output length cap"),
+    ("max_batch", "sequences per step at most"),
+    ("token_budget", "tokens per step (continuous)"),
+    ("block_size", "KV block size"),
+    ("kv_blocks", "KV blocks in the pool"),
+];
+
+/// Grid keys a decode (roofline) experiment understands.
+pub const DECODE_GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "model",
+        "smollm2 (the fetched GGUF) | a preset | a checkpoint path",
+    ),
+    (
+        "weights",
+        "native | f32 | f16 | q8_0 | q4_0 | q4_1 | sym4g32 ...",
+    ),
+    ("batch", "sequences decoded per step"),
+    ("context", "prompt tokens before the timed steps"),
+    ("steps", "timed decode steps"),
+    (
+        "prefill_tokens",
+        "prompt length of the prefill (time to first token) row",
+    ),
+];
+
 /// Families an experiment spec may name.
-pub const EXPERIMENT_FAMILIES: &[&str] = &["attention", "quant", "moe", "kv"];
+pub const EXPERIMENT_FAMILIES: &[&str] = &[
+    "attention",
+    "quant",
+    "moe",
+    "kv",
+    "kv_alloc",
+    "serving",
+    "decode",
+];
 
 /// The grid keys of `family`'s experiments.
 pub fn grid_keys(family: &str) -> &'static [(&'static str, &'static str)] {
@@ -89,6 +157,9 @@ pub fn grid_keys(family: &str) -> &'static [(&'static str, &'static str)] {
         "quant" => QUANT_GRID_KEYS,
         "moe" => MOE_GRID_KEYS,
         "kv" => KV_GRID_KEYS,
+        "kv_alloc" => KV_ALLOC_GRID_KEYS,
+        "serving" => SERVING_GRID_KEYS,
+        "decode" => DECODE_GRID_KEYS,
         _ => GRID_KEYS,
     }
 }
@@ -279,6 +350,15 @@ impl ExperimentSpec {
                     crate::registry::moe_variant(v)?;
                 }
                 "kv" if v == "calculator" => {}
+                "kv_alloc" if ["contiguous", "paged", "paged+sharing"].contains(&v.as_str()) => {}
+                "serving" if v == "engine" => {}
+                "decode" if v == "model" => {}
+                "kv_alloc" | "serving" | "decode" => {
+                    return bad(format!(
+                        "'{v}' is not a variant of a {} experiment (kv_alloc: contiguous, paged, paged+sharing; serving: engine; decode: model)",
+                        self.family
+                    ))
+                }
                 "kv" => {
                     return bad(format!(
                         "a kv experiment has one variant, 'calculator', not '{v}'"

@@ -13,6 +13,8 @@ pub mod gguf;
 pub mod hf;
 /// K/V block pools per layer, and the batch-1 `Session`.
 pub mod kv;
+/// KV allocation simulated under a budget: contiguous vs paged, prefix sharing.
+pub mod kvsim;
 /// The Llama/Mixtral decoder (kernel-crate products and attention).
 pub mod llama;
 /// Building a model from a tensor source; `--model` dispatch.
@@ -21,8 +23,12 @@ pub mod load;
 pub mod presets;
 /// Greedy, temperature, top-k and top-p sampling, seeded.
 pub mod sampler;
+/// Continuous, static and dynamic batching over the paged KV cache.
+pub mod scheduler;
 /// Byte-level BPE from GGUF metadata.
 pub mod tokenizer;
+/// Seeded serving workloads: log-normal lengths, Poisson arrivals, a shared system prompt.
+pub mod workload;
 
 pub use config::{preset, ModelShape, PRESETS};
 pub use gguf::Gguf;
@@ -30,6 +36,7 @@ pub use kv::{KvPools, Session};
 pub use llama::{argmax, Llama, LlamaConfig, SeqChunk};
 pub use load::{load, LoadOptions, Loaded};
 pub use sampler::{Sampler, SamplerConfig};
+pub use scheduler::{BatchingMode, Engine, Finished, Request, SchedulerConfig};
 pub use tokenizer::TextTokenizer;
 
 /// Where `scripts/fetch-models.sh` puts SmolLM2-135M-Instruct (Q4_1), if it has run.

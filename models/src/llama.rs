@@ -327,6 +327,9 @@ impl Llama {
 
     /// Runs a batch of chunks: appends their K/V to `kv` and returns, per chunk, the logits of
     /// its last token (`vocab` values) or of all its tokens (`n × vocab`, `all_logits`).
+    /// In every layer all chunks' K/V are written before any chunk's attention reads the
+    /// cache, so a chunk may attend to blocks another chunk of the same batch fills (a shared
+    /// prefix admitted in the same step).
     pub fn forward(&self, kv: &mut KvPools, chunks: &[SeqChunk]) -> Result<Vec<Vec<f32>>> {
         self.check_chunks(kv, chunks)?;
         let cfg = self.cfg;

@@ -1,0 +1,253 @@
+//! `harness exp` for the serving family (claims C23, C25): static vs dynamic vs continuous
+//! batching (`models::scheduler`) on a real model and a preset, under Poisson arrivals at
+//! several offered loads. Load is relative: each model is first run with every request queued
+//! at once under continuous batching, which gives its saturated capacity (requests/s) on this
+//! machine; the rates are fractions and multiples of it. Step times are measured, the clock
+//! between steps is virtual (no idle waiting), every request generates its drawn output length
+//! greedily. Reported: throughput, TTFT and TPOT p50/p99, latency, batch size, preemptions.
+
+use crate::error::{HarnessError, Result};
+use crate::exp::{progress_bar, ExpOptions, GridValues, RunFiles};
+use crate::spec::ExperimentSpec;
+use models::workload::Workload;
+use models::{load, BatchingMode, Engine, Finished, LoadOptions, SchedulerConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+/// One model × mode × load. Column names are stable.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ServingRow {
+    pub run_id: String,
+    pub experiment: String,
+    pub model: String,
+    pub mode: String,
+    /// Offered rate / saturated capacity.
+    pub load: f64,
+    pub rate_rps: f64,
+    pub capacity_rps: f64,
+    pub requests: usize,
+    pub max_batch: usize,
+    pub token_budget: usize,
+    pub generated_tokens: usize,
+    pub throughput_tok_s: f64,
+    pub completed_rps: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub tpot_p50_ms: f64,
+    pub tpot_p99_ms: f64,
+    pub latency_mean_ms: f64,
+    /// Time-weighted mean of running sequences.
+    pub mean_batch: f64,
+    pub preemptions: usize,
+    pub steps: usize,
+    /// Real seconds the run took (step times summed).
+    pub busy_s: f64,
+    pub status: String,
+}
+
+/// `smollm2` → the fetched GGUF; anything else is passed to `models::load` as is.
+pub(crate) fn resolve_model(name: &str) -> Result<String> {
+    if name == "smollm2" {
+        let p = models::smollm2_path();
+        if !p.exists() {
+            return Err(HarnessError::Usage(format!(
+                "model smollm2: {} is absent (run scripts/fetch-models.sh)",
+                p.display()
+            )));
+        }
+        return Ok(p.display().to_string());
+    }
+    Ok(name.to_string())
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+struct Summary {
+    throughput: f64,
+    completed_rps: f64,
+    ttft: (f64, f64),
+    tpot: (f64, f64),
+    latency: f64,
+    generated: usize,
+    makespan: f64,
+}
+
+fn summarise(done: &[Finished]) -> Summary {
+    let start = done.iter().map(|f| f.arrival).fold(f64::INFINITY, f64::min);
+    let end = done.iter().map(|f| f.done).fold(0.0, f64::max);
+    let generated: usize = done.iter().map(|f| f.generated.len()).sum();
+    let mut ttft: Vec<f64> = done.iter().map(|f| f.ttft() * 1e3).collect();
+    let mut tpot: Vec<f64> = done
+        .iter()
+        .filter_map(|f| f.tpot())
+        .map(|t| t * 1e3)
+        .collect();
+    let makespan = end - start;
+    Summary {
+        throughput: generated as f64 / makespan,
+        completed_rps: done.len() as f64 / makespan,
+        ttft: (percentile(&mut ttft, 0.5), percentile(&mut ttft, 0.99)),
+        tpot: (percentile(&mut tpot, 0.5), percentile(&mut tpot, 0.99)),
+        latency: done.iter().map(|f| (f.done - f.arrival) * 1e3).sum::<f64>() / done.len() as f64,
+        generated,
+        makespan,
+    }
+}
+
+/// Runs a serving experiment.
+pub fn run(
+    opts: &ExpOptions,
+    spec: &ExperimentSpec,
+    spec_path: &Path,
+    grid: BTreeMap<String, Vec<String>>,
+) -> Result<i32> {
+    let g = GridValues(&grid);
+    let model_names = g.strings("model", &["tiny-gqa"]);
+    let modes: Vec<(String, BatchingMode)> = g
+        .strings(
+            "mode",
+            &["static", "dynamic:100", "continuous", "continuous-chunked"],
+        )
+        .into_iter()
+        .map(|m| m.parse::<BatchingMode>().map(|b| (m, b)))
+        .collect::<std::result::Result<_, _>>()?;
+    let loads = g.parsed("load", &["0.5", "1.0", "1.5"], "a load > 0", |x: f64| {
+        x > 0.0
+    })?;
+    let requests = g.one("requests", "48", "a positive integer", |n: usize| n > 0)?;
+    let prompt_mean = g.one("prompt_mean", "48", "a mean ≥ 1", |x: f64| x >= 1.0)?;
+    let output_mean = g.one("output_mean", "48", "a mean ≥ 1", |x: f64| x >= 1.0)?;
+    let max_new = g.one("max_new", "128", "a positive integer", |n: usize| n > 0)?;
+    let max_batch = g.one("max_batch", "8", "a positive integer", |n: usize| n > 0)?;
+    let token_budget = g.one("token_budget", "256", "a positive integer", |n: usize| {
+        n > 0
+    })?;
+    let block_size = g.one("block_size", "16", "a positive integer", |n: usize| n > 0)?;
+    let kv_blocks = g.one("kv_blocks", "512", "a positive integer", |n: usize| n > 0)?;
+    let paths = model_names
+        .iter()
+        .map(|m| resolve_model(m))
+        .collect::<Result<Vec<_>>>()?;
+    let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
+    let bar = progress_bar(model_names.len() * (1 + modes.len() * loads.len()));
+    for (name, path) in model_names.iter().zip(&paths) {
+        let opts_load = LoadOptions {
+            attention: "paged".into(),
+            ..LoadOptions::default()
+        };
+        let model = load(path, &opts_load)?.model;
+        let workload = |rate: f64| Workload {
+            requests,
+            prompt_mean,
+            output_mean,
+            sigma: 0.8,
+            max_new,
+            system_prompt: 0,
+            max_prompt: 4 * prompt_mean.ceil() as usize,
+            rate,
+            vocab: model.cfg.vocab,
+            seed: opts.seed,
+        };
+        workload(0.0).validate().map_err(HarnessError::Usage)?;
+        let cfg = |mode| SchedulerConfig {
+            mode,
+            max_batch,
+            token_budget,
+            num_blocks: kv_blocks,
+            block_size,
+            prefix_sharing: false,
+        };
+        let serve = |mode, rate: f64| -> Result<(Engine, f64)> {
+            let mut e = Engine::new(&model, cfg(mode))?;
+            e.submit(workload(rate).requests())?;
+            let t = Instant::now();
+            e.run(|_| {})?;
+            Ok((e, t.elapsed().as_secs_f64()))
+        };
+        bar.set_message(format!("{name}: saturated capacity"));
+        let (burst, _) = serve(
+            BatchingMode::Continuous {
+                chunked_prefill: false,
+            },
+            0.0,
+        )?;
+        let capacity = summarise(&burst.finished).completed_rps;
+        bar.inc(1);
+        for &load in &loads {
+            for (label, mode) in &modes {
+                bar.set_message(format!("{name} {label} load {load}"));
+                let rate = load * capacity;
+                let (e, busy) = serve(*mode, rate)?;
+                let s = summarise(&e.finished);
+                let time: f64 = e.steps.iter().map(|st| st.seconds).sum();
+                let weighted: f64 = e
+                    .steps
+                    .iter()
+                    .map(|st| st.seconds * (st.running as f64))
+                    .sum();
+                run.writer.write(&ServingRow {
+                    run_id: run.run_id.clone(),
+                    experiment: spec.name.clone(),
+                    model: name.clone(),
+                    mode: label.clone(),
+                    load,
+                    rate_rps: rate,
+                    capacity_rps: capacity,
+                    requests,
+                    max_batch,
+                    token_budget,
+                    generated_tokens: s.generated,
+                    throughput_tok_s: s.throughput,
+                    completed_rps: s.completed_rps,
+                    ttft_p50_ms: s.ttft.0,
+                    ttft_p99_ms: s.ttft.1,
+                    tpot_p50_ms: s.tpot.0,
+                    tpot_p99_ms: s.tpot.1,
+                    latency_mean_ms: s.latency,
+                    mean_batch: weighted / time.max(1e-12),
+                    preemptions: e.preemptions,
+                    steps: e.steps.len(),
+                    busy_s: busy,
+                    status: if s.makespan > 0.0 { "ok" } else { "fail" }.into(),
+                })?;
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    run.finish::<ServingRow>(spec, opts.format, 0)
+}
+
+/// The markdown table of a serving run.
+pub fn tables(rows: &[ServingRow]) -> String {
+    let mut md = String::from("## Batching modes under Poisson arrivals\n\n| model | load | rate req/s | mode | tokens/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | mean latency ms | mean batch | preemptions |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {:.2} | {} | {:.1} | {:.0} / {:.0} | {:.1} / {:.1} | {:.0} | {:.2} | {} |",
+            r.model,
+            r.load,
+            r.rate_rps,
+            r.mode,
+            r.throughput_tok_s,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.tpot_p50_ms,
+            r.tpot_p99_ms,
+            r.latency_mean_ms,
+            r.mean_batch,
+            r.preemptions
+        );
+    }
+    md.push('\n');
+    md
+}
