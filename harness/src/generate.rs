@@ -57,6 +57,10 @@ pub struct GenerateArgs {
     /// (default: keep the checkpoint's).
     #[arg(long)]
     pub weights: Option<String>,
+    /// The product of every projection: fused (f32 activations) or fused:act=q8 (int8
+    /// activations, VNNI; formats it does not take use fused).
+    #[arg(long, default_value = "fused")]
+    pub matmul: String,
     /// MoE capacity: dropless (default) or a factor such as 1.25.
     #[arg(long, default_value = "dropless")]
     pub capacity: String,
@@ -79,6 +83,7 @@ impl GenerateArgs {
                 .map(WeightFormat::parse)
                 .transpose()?,
             capacity: moe_kernels::parse_capacity(&self.capacity)?,
+            matmul: crate::registry::quant_variant(&self.matmul)?.1,
         })
     }
 

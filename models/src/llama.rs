@@ -142,6 +142,9 @@ pub struct Llama {
     pub out_norm: Vec<f32>,
     pub layers: Vec<Layer>,
     pub attention: AttentionChoice,
+    /// The product of every projection (`fused`, `fused:act=q8`, ...; formats it does not
+    /// take use the default).
+    pub matmul: MatVecVariant,
     /// For chunks the chosen kernel does not take (a prompt under paged decode).
     fallback: Box<dyn AttentionKernel>,
     inv_freq: Vec<f32>,
@@ -169,7 +172,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
         .expect("a non-empty vocabulary")
 }
 
-const PROJ: MatVecVariant = MatVecVariant::Fused(Isa::Auto);
+/// The product every projection uses unless the model is given another.
+pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::Fused(Isa::Auto);
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     x.chunks(w.len())
@@ -181,10 +185,16 @@ fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
-/// y = X·Wᵀ for `n` rows of X.
-fn proj(w: &QuantMatrix, x: &[f32], n: usize) -> Result<Vec<f32>> {
+/// y = X·Wᵀ for `n` rows of X with `variant`, or the default product for a format the
+/// variant does not take.
+fn proj(w: &QuantMatrix, x: &[f32], n: usize, variant: MatVecVariant) -> Result<Vec<f32>> {
     let mut y = vec![0.0f32; n * w.rows];
-    matmul(w, x, n, &mut y, PROJ)?;
+    let v = if quant_kernels::supports(variant, w.format).is_ok() {
+        variant
+    } else {
+        DEFAULT_MATMUL
+    };
+    matmul(w, x, n, &mut y, v)?;
     Ok(y)
 }
 
@@ -201,8 +211,8 @@ fn swiglu(gu: &[f32], f: usize) -> Vec<f32> {
 }
 
 impl Expert {
-    fn forward(&self, x: &[f32], n: usize, f: usize) -> Result<Vec<f32>> {
-        proj(&self.down, &swiglu(&proj(&self.gate_up, x, n)?, f), n)
+    fn forward(&self, x: &[f32], n: usize, f: usize, v: MatVecVariant) -> Result<Vec<f32>> {
+        proj(&self.down, &swiglu(&proj(&self.gate_up, x, n, v)?, f), n, v)
     }
 }
 
@@ -227,6 +237,7 @@ impl Llama {
                 "flash2",
             )?)?
             .expect("flash2 exists"),
+            matmul: DEFAULT_MATMUL,
             cfg,
             embed,
             head,
@@ -352,7 +363,7 @@ impl Llama {
         }
         for (li, l) in self.layers.iter().enumerate() {
             let h = rmsnorm(&x, &l.attn_norm, cfg.eps);
-            let qkv = proj(&l.wqkv, &h, n_total)?;
+            let qkv = proj(&l.wqkv, &h, n_total, self.matmul)?;
             let (mut q, mut k, mut v) = (
                 Vec::with_capacity(n_total * qd),
                 Vec::with_capacity(n_total * kvd),
@@ -376,11 +387,11 @@ impl Llama {
                 );
             }
             let attn = self.attention(kv, li, chunks, &offsets, &q)?;
-            let o = proj(&l.wo, &attn, n_total)?;
+            let o = proj(&l.wo, &attn, n_total, self.matmul)?;
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h2 = rmsnorm(&x, &l.ffn_norm, cfg.eps);
             let ffn = match &l.ffn {
-                Ffn::Dense(e) => e.forward(&h2, n_total, cfg.d_ff)?,
+                Ffn::Dense(e) => e.forward(&h2, n_total, cfg.d_ff, self.matmul)?,
                 Ffn::Moe { router, experts } => self.moe(router, experts, &h2, n_total)?,
             };
             x.iter_mut().zip(&ffn).for_each(|(a, b)| *a += b);
@@ -404,7 +415,12 @@ impl Llama {
         }
         let normed = rmsnorm(&last, &self.out_norm, cfg.eps);
         let m: usize = picked.iter().map(|p| p.1).sum();
-        let logits = proj(self.head.as_ref().unwrap_or(&self.embed), &normed, m)?;
+        let logits = proj(
+            self.head.as_ref().unwrap_or(&self.embed),
+            &normed,
+            m,
+            self.matmul,
+        )?;
         let mut out = vec![];
         let mut at = 0;
         for &(_, n) in &picked {
@@ -549,7 +565,7 @@ impl Llama {
                 .iter()
                 .flat_map(|a| x[a.token * d..(a.token + 1) * d].iter().copied())
                 .collect();
-            let y = expert.forward(&rows, mine.len(), cfg.d_ff)?;
+            let y = expert.forward(&rows, mine.len(), cfg.d_ff, self.matmul)?;
             for (a, yr) in mine.iter().zip(y.chunks(d)) {
                 let w = a.weight as f32;
                 out[a.token * d..(a.token + 1) * d]

@@ -8,7 +8,7 @@ use crate::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, RopeLayout};
 use crate::tokenizer::TextTokenizer;
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
-use quant_kernels::{QuantMatrix, WeightFormat};
+use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
 use std::path::Path;
 
 /// Tensors by name, each as a rows × cols matrix (vectors: one row).
@@ -103,6 +103,8 @@ pub struct LoadOptions {
     pub weights: Option<WeightFormat>,
     /// MoE capacity (dropless by default, as Mixtral runs at inference).
     pub capacity: Capacity,
+    /// The product of every projection (see `Llama::matmul`).
+    pub matmul: MatVecVariant,
 }
 
 impl Default for LoadOptions {
@@ -111,6 +113,7 @@ impl Default for LoadOptions {
             attention: "flash2".into(),
             weights: None,
             capacity: Capacity::Dropless,
+            matmul: crate::llama::DEFAULT_MATMUL,
         }
     }
 }
@@ -252,14 +255,16 @@ pub fn build(
     if let Some(m) = cfg.moe.as_mut() {
         m.capacity = opts.capacity;
     }
-    Llama::new(
+    let mut model = Llama::new(
         cfg,
         embed,
         head,
         b.vector(Part::OutNorm, 0, cfg.d_model)?,
         layers,
         &opts.attention,
-    )
+    )?;
+    model.matmul = opts.matmul;
+    Ok(model)
 }
 
 impl TensorSource for Gguf {
