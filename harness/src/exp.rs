@@ -61,6 +61,7 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
         "kv_alloc" => return crate::exp_kv_alloc::run(opts, &spec, &spec_path, grid, &names),
         "serving" => return crate::exp_serving::run(opts, &spec, &spec_path, grid),
         "decode" => return crate::exp_decode::run(opts, &spec, &spec_path, grid),
+        "spec" => return crate::exp_spec::run(opts, &spec, &spec_path, grid),
         _ => {}
     }
     let points = ExperimentSpec::points(&grid)?;
@@ -161,6 +162,17 @@ impl GridValues<'_> {
     /// Positive integers.
     pub fn counts(&self, key: &str, default: &[&str]) -> Result<Vec<usize>> {
         self.parsed(key, default, "a positive integer", |n: usize| n > 0)
+    }
+
+    /// The single string value of `key`.
+    pub fn one_string(&self, key: &str, default: &str) -> Result<String> {
+        match &self.strings(key, &[default])[..] {
+            [x] => Ok(x.clone()),
+            v => Err(HarnessError::Usage(format!(
+                "{key} takes one value, got {}",
+                v.len()
+            ))),
+        }
     }
 
     /// The single value of `key` (a workload parameter, not a swept axis).

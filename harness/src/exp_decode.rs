@@ -78,6 +78,7 @@ fn decode_times(
             start: 0,
             table: t,
             all_logits: false,
+            tree: None,
         };
         last.push(argmax(&m.forward(&mut kv, &[chunk])?[0]));
     }
@@ -101,6 +102,7 @@ fn decode_times(
                 start: context + step,
                 table,
                 all_logits: false,
+                tree: None,
             })
             .collect();
         let t0 = Instant::now();

@@ -7,9 +7,12 @@
 
 use crate::error::{HarnessError, Result};
 use crate::Format;
+use models::spec::SpecConfig;
+use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
 use quant_kernels::WeightFormat;
 use serde::Serialize;
+use spec_kernels::TreeShape;
 use std::io::Write;
 use std::time::Instant;
 
@@ -64,6 +67,19 @@ pub struct GenerateArgs {
     /// MoE capacity: dropless (default) or a factor such as 1.25.
     #[arg(long, default_value = "dropless")]
     pub capacity: String,
+    /// Speculative decoding with this drafter: a preset or checkpoint (same vocabulary),
+    /// self:FORMAT (the target's own weights converted, e.g. self:q4_0), self-layers:N (the
+    /// target's first N layers, layer skipping), or ngram[:N] (prompt lookup of the last N
+    /// tokens, default 3).
+    #[arg(long)]
+    pub spec_draft: Option<String>,
+    /// Draft tree: chain:K, static:B1,B2,... (branching per depth) or dynamic:N (N nodes
+    /// grown where the draft is most confident).
+    #[arg(long, default_value = "chain:4", requires = "spec_draft")]
+    pub spec_tree: String,
+    /// Shrink the draft depth while the running acceptance rate is under 70%, grow it above.
+    #[arg(long, requires = "spec_draft")]
+    pub spec_adaptive: bool,
     /// Worker threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -108,6 +124,23 @@ pub struct Generation {
     pub ttft_ms: f64,
     pub tpot_ms: Option<f64>,
     pub tokens_per_s: Option<f64>,
+    /// Speculative decoding statistics (with --spec-draft).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SpecSummary>,
+}
+
+/// What `--spec-draft` adds to the JSON.
+#[derive(Debug, Serialize)]
+pub struct SpecSummary {
+    pub drafter: String,
+    pub tree: String,
+    pub adaptive: bool,
+    pub target_passes: usize,
+    /// Accepted / proposed draft depth (1 − rejected / drafted).
+    pub acceptance_rate: f64,
+    pub tokens_per_pass: f64,
+    pub draft_ms: f64,
+    pub verify_ms: f64,
 }
 
 /// The prompt's ids from --prompt (needs a tokenizer) or --prompt-ids, checked.
@@ -194,6 +227,9 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     } else {
         tok.and_then(|t| t.eos)
     };
+    if let Some(d) = &args.spec_draft {
+        return run_spec(args, &loaded, prompt_ids, eos, d);
+    }
     let mut stream = (args.format == Format::Table).then_some(Streamer { tok, printed: 0 });
     let started = Instant::now();
     let mut logits = session.forward(&prompt_ids)?;
@@ -226,7 +262,121 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         tpot_ms: tpot.map(|t| t * 1e3),
         tokens_per_s: tpot.map(|t| 1.0 / t),
         generated_ids: generated,
+        spec: None,
     };
+    report(args, &loaded, &out)
+}
+
+/// The drafter `--spec-draft` names, for `target` loaded from `args.model`.
+pub fn drafter(
+    args: &GenerateArgs,
+    target: &models::Llama,
+    spec: &str,
+    capacity: usize,
+) -> Result<Box<dyn Drafter>> {
+    if spec == "ngram" || spec.starts_with("ngram:") {
+        let n = match spec.strip_prefix("ngram:") {
+            None => 3,
+            Some(v) => v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                HarnessError::Usage(format!("--spec-draft {spec}: N must be a positive integer"))
+            })?,
+        };
+        return Ok(Box::new(NgramDrafter::new(n, target.cfg.vocab)));
+    }
+    let mut opts = args.load_options()?;
+    let mut keep = None;
+    let source = if let Some(fmt) = spec.strip_prefix("self:") {
+        opts.weights = Some(WeightFormat::parse(fmt)?);
+        args.model.clone()
+    } else if let Some(n) = spec.strip_prefix("self-layers:") {
+        keep = Some(n.parse::<usize>().map_err(|_| {
+            HarnessError::Usage(format!("--spec-draft {spec}: N must be a positive integer"))
+        })?);
+        args.model.clone()
+    } else {
+        spec.to_string()
+    };
+    let mut model = load(&source, &opts)?.model;
+    if let Some(n) = keep {
+        model
+            .keep_layers(n)
+            .map_err(|e| HarnessError::Usage(format!("--spec-draft {spec}: {e}")))?;
+    }
+    Ok(Box::new(ModelDrafter::new(
+        model,
+        spec,
+        capacity,
+        args.sampler(),
+    )?))
+}
+
+fn run_spec(
+    args: &GenerateArgs,
+    loaded: &models::Loaded,
+    prompt_ids: Vec<u32>,
+    eos: Option<u32>,
+    spec: &str,
+) -> Result<i32> {
+    let shape = TreeShape::parse(&args.spec_tree)?;
+    let cfg = SpecConfig {
+        shape: shape.clone(),
+        adaptive: args.spec_adaptive,
+        threshold: 0.7,
+        sampler: args.sampler(),
+    };
+    let capacity = prompt_ids.len() + args.max_new_tokens + shape.max_nodes() + 1;
+    let mut d = drafter(args, &loaded.model, spec, capacity)?;
+    let started = Instant::now();
+    let out = models::spec::generate(
+        &loaded.model,
+        d.as_mut(),
+        &prompt_ids,
+        args.max_new_tokens,
+        eos,
+        &cfg,
+    )?;
+    let total = started.elapsed().as_secs_f64();
+    let st = &out.stats;
+    let after_first = total - st.prefill_s;
+    let decode = out.tokens.len().saturating_sub(1);
+    let gen = Generation {
+        text: match &loaded.tokenizer {
+            Some(t) => t.decode(&out.tokens)?,
+            None => String::new(),
+        },
+        prompt_ids,
+        ttft_ms: st.prefill_s * 1e3,
+        tpot_ms: (decode > 0).then(|| after_first / decode as f64 * 1e3),
+        tokens_per_s: (decode > 0).then(|| decode as f64 / after_first),
+        spec: Some(SpecSummary {
+            drafter: d.name(),
+            tree: shape.label(),
+            adaptive: args.spec_adaptive,
+            target_passes: st.rounds,
+            acceptance_rate: st.acceptance_rate(),
+            tokens_per_pass: st.tokens_per_pass(),
+            draft_ms: st.draft_s * 1e3,
+            verify_ms: st.verify_s * 1e3,
+        }),
+        generated_ids: out.tokens,
+    };
+    if args.format == Format::Table {
+        match &loaded.tokenizer {
+            Some(_) => print!("{}", gen.text),
+            None => print!(
+                "{}",
+                gen.generated_ids
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        }
+    }
+    report(args, loaded, &gen)
+}
+
+fn report(args: &GenerateArgs, loaded: &models::Loaded, out: &Generation) -> Result<i32> {
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
         Format::Table => {
@@ -240,6 +390,18 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
                 out.tpot_ms
                     .map_or("–".into(), |t| format!("{t:.2} ms ({:.1} tokens/s)", 1e3 / t))
             );
+            if let Some(s) = &out.spec {
+                eprintln!(
+                    "speculative: {} drafting {}, {} target passes, acceptance {:.0}%, {:.2} tokens per pass, draft {:.0} ms, verify {:.0} ms",
+                    s.drafter,
+                    s.tree,
+                    s.target_passes,
+                    100.0 * s.acceptance_rate,
+                    s.tokens_per_pass,
+                    s.draft_ms,
+                    s.verify_ms
+                );
+            }
         }
     }
     Ok(0)

@@ -27,6 +27,8 @@ pub mod exp_moe;
 pub mod exp_quant;
 /// `harness exp` for the serving family: static, dynamic and continuous batching.
 pub mod exp_serving;
+/// `harness exp` for the spec family: speculative decoding against plain decoding.
+pub mod exp_spec;
 /// `harness generate`: greedy generation with a GGUF llama checkpoint.
 pub mod generate;
 /// Host, CPU, git and rustc facts for provenance.

@@ -63,6 +63,10 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
         let rows: Vec<crate::exp_serving::ServingRow> = read_rows(csv)?;
         plots(spec, &rows, prov, csv)?;
         (crate::exp_serving::tables(&rows), rows.len())
+    } else if spec.family == "spec" {
+        let rows: Vec<crate::exp_spec::SpecRow> = read_rows(csv)?;
+        plots(spec, &rows, prov, csv)?;
+        (crate::exp_spec::tables(&rows), rows.len())
     } else if spec.family == "decode" {
         let rows: Vec<crate::exp_decode::DecodeRow> = read_rows(csv)?;
         plots(spec, &rows, prov, csv)?;

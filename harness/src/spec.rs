@@ -140,6 +140,22 @@ pub const DECODE_GRID_KEYS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Grid keys a spec (speculative decoding) experiment understands.
+pub const SPEC_GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "model",
+        "smollm2 (the fetched GGUF) | a checkpoint with a tokenizer (one value)",
+    ),
+    (
+        "drafter",
+        "ngram[:N] | self:FORMAT | self-layers:N | a preset or checkpoint",
+    ),
+    ("tree", "chain:K | static:B1,B2,... | dynamic:N"),
+    ("temperature", "0 (greedy) or a sampling temperature"),
+    ("prompt", "prose | code | repetitive"),
+    ("max_new", "tokens generated per run (one value)"),
+];
+
 /// Families an experiment spec may name.
 pub const EXPERIMENT_FAMILIES: &[&str] = &[
     "attention",
@@ -149,6 +165,7 @@ pub const EXPERIMENT_FAMILIES: &[&str] = &[
     "kv_alloc",
     "serving",
     "decode",
+    "spec",
 ];
 
 /// The grid keys of `family`'s experiments.
@@ -160,6 +177,7 @@ pub fn grid_keys(family: &str) -> &'static [(&'static str, &'static str)] {
         "kv_alloc" => KV_ALLOC_GRID_KEYS,
         "serving" => SERVING_GRID_KEYS,
         "decode" => DECODE_GRID_KEYS,
+        "spec" => SPEC_GRID_KEYS,
         _ => GRID_KEYS,
     }
 }
@@ -353,9 +371,10 @@ impl ExperimentSpec {
                 "kv_alloc" if ["contiguous", "paged", "paged+sharing"].contains(&v.as_str()) => {}
                 "serving" if v == "engine" => {}
                 "decode" if v == "model" => {}
-                "kv_alloc" | "serving" | "decode" => {
+                "spec" if v == "driver" => {}
+                "kv_alloc" | "serving" | "decode" | "spec" => {
                     return bad(format!(
-                        "'{v}' is not a variant of a {} experiment (kv_alloc: contiguous, paged, paged+sharing; serving: engine; decode: model)",
+                        "'{v}' is not a variant of a {} experiment (kv_alloc: contiguous, paged, paged+sharing; serving: engine; decode: model; spec: driver)",
                         self.family
                     ))
                 }

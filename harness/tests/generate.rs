@@ -1,8 +1,9 @@
 //! `harness generate` end to end: greedy text from SmolLM2-135M-Instruct (skipped with a message
-//! when scripts/fetch-models.sh has not run) equals transformers' continuation, and bad input
-//! (a missing or non-GGUF file, ids outside the vocabulary, bad sampling parameters, no prompt)
-//! is one line
-//! and exit 2; sampling with a seed repeats itself.
+//! when scripts/fetch-models.sh has not run) equals transformers' continuation; the Mixtral
+//! checkpoint fixture gives transformers' greedy ids through the CLI; presets generate in other
+//! weight formats; bad input (a missing or non-GGUF file, a shape-only preset, ids outside the
+//! vocabulary, bad sampling parameters, no prompt, no tokenizer) is one line and exit 2;
+//! sampling with a seed repeats itself.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -159,5 +160,97 @@ fn bad_generate_input_is_one_line() {
     one_line_exit_2(
         &generate(&["--model", m, "--prompt", "hi", "--max-new-tokens", "9000"]),
         "exceed",
+    );
+}
+
+#[test]
+fn presets_and_checkpoint_directories_generate() {
+    let ok = |args: &[&str]| -> serde_json::Value {
+        let out = generate(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let args = |model: &str, extra: &[&'static str]| -> Vec<String> {
+        let mut a = vec![
+            "--model".to_string(),
+            model.to_string(),
+            "--prompt-ids".into(),
+            "1,17,93,5,64,127,33,2,88,41,7".into(),
+            "--max-new-tokens".into(),
+            "12".into(),
+            "--format".into(),
+            "json".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |model: &str, extra: &[&'static str]| {
+        let a = args(model, extra);
+        ok(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // The Mixtral fixture through the CLI gives transformers' greedy ids, paged or not.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/data/hf_mixtral");
+    let want: serde_json::Value = serde_json::from_str(include_str!(
+        "../../models/tests/data/hf_mixtral_expected.json"
+    ))
+    .unwrap();
+    for extra in [&[][..], &["--attention", "paged", "--block-size", "4"][..]] {
+        let v = run(dir.to_str().unwrap(), extra);
+        assert_eq!(v["generated_ids"], want["greedy_ids"], "{extra:?}");
+        assert_eq!(v["text"], "", "no tokenizer, no text");
+    }
+    // A preset, in another weight format and with int8 activations.
+    let v = run(
+        "tiny-moe",
+        &["--weights", "q8_0", "--matmul", "fused:act=q8"],
+    );
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 12);
+}
+
+#[test]
+fn bad_model_choices_are_one_line() {
+    one_line_exit_2(
+        &generate(&["--model", "tiny-gqa", "--prompt", "hi"]),
+        "has no tokenizer",
+    );
+    one_line_exit_2(
+        &generate(&["--model", "llama-2-70b", "--prompt-ids", "1"]),
+        "shape-only",
+    );
+    one_line_exit_2(
+        &generate(&[
+            "--model",
+            "tiny-gqa",
+            "--prompt-ids",
+            "1",
+            "--weights",
+            "q9_9",
+        ]),
+        "q9_9",
+    );
+    one_line_exit_2(
+        &generate(&[
+            "--model",
+            "tiny-gqa",
+            "--prompt-ids",
+            "1",
+            "--attention",
+            "paged:bs=8",
+        ]),
+        "--block-size",
+    );
+    one_line_exit_2(
+        &generate(&["--model", "tiny-gqa", "--prompt-ids", "600"]),
+        "outside the vocabulary",
+    );
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tests/data");
+    one_line_exit_2(
+        &generate(&["--model", fixtures.to_str().unwrap(), "--prompt-ids", "1"]),
+        "no config.json",
     );
 }

@@ -43,16 +43,15 @@ impl KvPools {
         2 * self.layers.len() * self.layout.kv_heads * self.layout.head_dim * 4
     }
 
-    /// Stores rows `[n, kv_heads·head_dim]` of K and V of layer `li` at positions
-    /// `start..start + n` of the sequence with block table `table`.
-    pub fn write(&mut self, li: usize, table: &[u32], start: usize, k: &[f32], v: &[f32]) {
+    /// Stores rows `[n, kv_heads·head_dim]` of K and V of layer `li` at positions `slots`
+    /// of the sequence with block table `table`.
+    pub fn write(&mut self, li: usize, table: &[u32], slots: &[usize], k: &[f32], v: &[f32]) {
         let layout = self.layout;
         let (hd, bs) = (layout.head_dim, layout.block_size);
         let pool = &mut self.layers[li];
         for (dst, src) in [(&mut pool.k, k), (&mut pool.v, v)] {
             let dst = f32s(dst);
-            for (r, row) in src.chunks(layout.kv_heads * hd).enumerate() {
-                let pos = start + r;
+            for (row, &pos) in src.chunks(layout.kv_heads * hd).zip(slots) {
                 let block = table[pos / bs] as usize;
                 for (h, head) in row.chunks(hd).enumerate() {
                     let at = layout.offset(block, h, pos % bs);
@@ -65,6 +64,23 @@ impl KvPools {
     /// K and V of positions `0..tokens` of layer `li`, contiguous `[kv_heads, tokens, d]`.
     pub fn gather(&self, li: usize, table: &[u32], tokens: usize) -> Result<(Buffer, Buffer)> {
         paged_kernels::pool::gather(&self.layers[li], table, tokens)
+    }
+
+    /// Moves the K/V of position `from` to position `to` of one sequence in every layer
+    /// (compacting an accepted draft path into place).
+    pub fn move_position(&mut self, table: &[u32], from: usize, to: usize) {
+        let l = self.layout;
+        let (bs, hd) = (l.block_size, l.head_dim);
+        for pool in &mut self.layers {
+            for buf in [&mut pool.k, &mut pool.v] {
+                let b = f32s(buf);
+                for h in 0..l.kv_heads {
+                    let src = l.offset(table[from / bs] as usize, h, from % bs);
+                    let dst = l.offset(table[to / bs] as usize, h, to % bs);
+                    b.copy_within(src..src + hd, dst);
+                }
+            }
+        }
     }
 
     /// Copies block `src` into block `dst` in every layer (copy-on-write).
@@ -120,6 +136,7 @@ impl<'m> Session<'m> {
             start: self.len,
             table: &self.table,
             all_logits: false,
+            tree: None,
         };
         let logits = self.model.forward(&mut self.kv, &[chunk])?;
         self.len += tokens.len();
@@ -133,6 +150,7 @@ impl<'m> Session<'m> {
             start: self.len,
             table: &self.table,
             all_logits: true,
+            tree: None,
         };
         let logits = self.model.forward(&mut self.kv, &[chunk])?;
         self.len += tokens.len();

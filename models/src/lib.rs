@@ -25,6 +25,10 @@ pub mod presets;
 pub mod sampler;
 /// Continuous, static and dynamic batching over the paged KV cache.
 pub mod scheduler;
+/// Speculative decoding: draft trees verified by the target in one pass.
+pub mod spec;
+/// Drafters: a smaller model, the target in a cheaper format, n-gram lookup.
+pub mod spec_draft;
 /// Byte-level BPE from GGUF metadata.
 pub mod tokenizer;
 /// Seeded serving workloads: log-normal lengths, Poisson arrivals, a shared system prompt.

@@ -13,6 +13,7 @@ use kernel_common::{Buffer, DType, Device, KernelError};
 use moe_kernels::{route, Capacity, DropPolicy, MoeConfig, WeightNorm};
 use paged_kernels::{paged_decode, PagedBatch, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use quant_kernels::{matmul, Isa, MatVecVariant, QuantMatrix};
+use spec_kernels::{tree_attention, DraftTree, TreeAttnShape};
 
 /// The error type of the pipeline: one line naming the file or input at fault.
 pub type Result<T> = std::result::Result<T, KernelError>;
@@ -160,6 +161,48 @@ pub struct SeqChunk<'a> {
     pub table: &'a [u32],
     /// Logits of every token of the chunk (else only of the last).
     pub all_logits: bool,
+    /// The tokens are nodes of a draft tree (speculative decoding): see `TreeChunk`.
+    pub tree: Option<TreeChunk<'a>>,
+}
+
+/// Tokens that are nodes of a draft tree over a committed context of `start` tokens: token r
+/// is node `nodes[r]`, stored at position start + nodes[r], rotated for position
+/// start + depth, attending to the context and its own path (the tree mask). Nodes on those
+/// paths that are not in the chunk must already be in the cache.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeChunk<'a> {
+    pub tree: &'a DraftTree,
+    pub nodes: &'a [usize],
+}
+
+impl SeqChunk<'_> {
+    /// Positions the chunk's K/V are stored at.
+    fn slots(&self) -> Vec<usize> {
+        match &self.tree {
+            Some(t) => t.nodes.iter().map(|&n| self.start + n).collect(),
+            None => (self.start..self.start + self.tokens.len()).collect(),
+        }
+    }
+
+    /// Rotary positions of the chunk's tokens.
+    fn positions(&self) -> Vec<usize> {
+        match &self.tree {
+            Some(t) => t
+                .nodes
+                .iter()
+                .map(|&n| self.start + t.tree.depth(n))
+                .collect(),
+            None => (self.start..self.start + self.tokens.len()).collect(),
+        }
+    }
+
+    /// Positions the block table must cover.
+    fn extent(&self) -> usize {
+        match &self.tree {
+            Some(t) => self.start + t.tree.len(),
+            None => self.start + self.tokens.len(),
+        }
+    }
 }
 
 /// The greedy choice: the largest logit, the lowest id on ties.
@@ -247,6 +290,20 @@ impl Llama {
         })
     }
 
+    /// Keeps the first `n` layers (self-speculative drafting by layer skipping, as in
+    /// Draft & Verify, Zhang et al. 2023): the same embedding, final norm and head.
+    pub fn keep_layers(&mut self, n: usize) -> Result<()> {
+        if n == 0 || n > self.layers.len() {
+            return Err(KernelError::InvalidShape(format!(
+                "cannot keep {n} of {} layers",
+                self.layers.len()
+            )));
+        }
+        self.layers.truncate(n);
+        self.cfg.layers = n;
+        Ok(())
+    }
+
     /// Bytes of all weights (what one decode step must read at least once).
     pub fn weight_bytes(&self) -> usize {
         let m = |q: &QuantMatrix| q.bytes().len();
@@ -270,12 +327,12 @@ impl Llama {
         total
     }
 
-    /// Rotary embedding of `heads` heads in each row, row r at position `start + r`.
-    fn rope(&self, x: &mut [f32], heads: usize, start: usize) {
+    /// Rotary embedding of `heads` heads in each row, row r at position `positions[r]`.
+    fn rope(&self, x: &mut [f32], heads: usize, positions: &[usize]) {
         let d = self.cfg.head_dim;
         let half = d / 2;
-        for (r, row) in x.chunks_mut(heads * d).enumerate() {
-            let pos = (start + r) as f32;
+        for (row, &pos) in x.chunks_mut(heads * d).zip(positions) {
+            let pos = pos as f32;
             for h in row.chunks_mut(d) {
                 for (i, f) in self.inv_freq.iter().enumerate() {
                     let (s, c) = (pos * f).sin_cos();
@@ -314,14 +371,24 @@ impl Llama {
                     cfg.vocab
                 )));
             }
-            let end = c.start + c.tokens.len();
+            if let Some(t) = &c.tree {
+                if t.nodes.len() != c.tokens.len() || t.nodes.iter().any(|&n| n >= t.tree.len()) {
+                    return Err(KernelError::InvalidShape(format!(
+                        "a tree chunk has {} tokens for nodes {:?} of a {}-node tree",
+                        c.tokens.len(),
+                        t.nodes,
+                        t.tree.len()
+                    )));
+                }
+            }
+            let end = c.extent().max(c.positions().last().map_or(0, |p| p + 1));
             if end > cfg.context {
                 return Err(KernelError::InvalidShape(format!(
                     "{end} tokens exceed the context of {}",
                     cfg.context
                 )));
             }
-            let need = kv.layout.blocks_for(end);
+            let need = kv.layout.blocks_for(c.extent());
             if c.table.len() < need
                 || c.table[..need]
                     .iter()
@@ -355,6 +422,8 @@ impl Llama {
             })
             .collect();
         let n_total: usize = rows.iter().sum();
+        let placement: Vec<(Vec<usize>, Vec<usize>)> =
+            chunks.iter().map(|c| (c.positions(), c.slots())).collect();
         let mut codes = vec![];
         let mut x = vec![0.0f32; n_total * d];
         for (i, &t) in chunks.iter().flat_map(|c| c.tokens).enumerate() {
@@ -374,14 +443,14 @@ impl Llama {
                 k.extend_from_slice(&row[qd..qd + kvd]);
                 v.extend_from_slice(&row[qd + kvd..]);
             }
-            for (c, &at) in chunks.iter().zip(&offsets) {
+            for ((c, &at), (pos, slots)) in chunks.iter().zip(&offsets).zip(&placement) {
                 let n = c.tokens.len();
-                self.rope(&mut q[at * qd..(at + n) * qd], cfg.heads, c.start);
-                self.rope(&mut k[at * kvd..(at + n) * kvd], cfg.kv_heads, c.start);
+                self.rope(&mut q[at * qd..(at + n) * qd], cfg.heads, pos);
+                self.rope(&mut k[at * kvd..(at + n) * kvd], cfg.kv_heads, pos);
                 kv.write(
                     li,
                     c.table,
-                    c.start,
+                    slots,
                     &k[at * kvd..(at + n) * kvd],
                     &v[at * kvd..(at + n) * kvd],
                 );
@@ -444,11 +513,33 @@ impl Llama {
         let (hd, qd, heads) = (cfg.head_dim, cfg.q_dim(), cfg.heads);
         let mut attn = vec![f32::NAN; q.len()];
         let mut done = vec![false; chunks.len()];
+        for (i, c) in chunks.iter().enumerate() {
+            let Some(t) = &c.tree else { continue };
+            let n = c.tokens.len();
+            let shape = TreeAttnShape {
+                q_heads: heads,
+                kv_heads: cfg.kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let rows = offsets[i] * qd..(offsets[i] + n) * qd;
+            tree_attention(
+                &shape,
+                &kv.layers[li],
+                c.table,
+                c.start,
+                t.tree,
+                t.nodes,
+                &q[rows.clone()],
+                &mut attn[rows],
+            )?;
+            done[i] = true;
+        }
         if let AttentionChoice::Paged(split) = self.attention {
             // One paged decode call per distinct chunk length ≤ MAX_Q_LEN.
             for q_len in 1..=MAX_Q_LEN {
                 let group: Vec<usize> = (0..chunks.len())
-                    .filter(|&i| chunks[i].tokens.len() == q_len)
+                    .filter(|&i| !done[i] && chunks[i].tokens.len() == q_len)
                     .collect();
                 if group.is_empty() {
                     continue;

@@ -39,8 +39,32 @@ const fn tiny(heads: usize, kv_heads: usize, d_ff: usize, moe: Option<MoeSpec>) 
     }
 }
 
+const fn micro(seed: u64, name: &'static str) -> RandomPreset {
+    RandomPreset {
+        name,
+        about: "2 layers, d 64, 4 query / 2 KV heads, SwiGLU 128, vocab 8 (for distribution tests)",
+        cfg: LlamaConfig {
+            layers: 2,
+            d_model: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            d_ff: 128,
+            vocab: 8,
+            context: 512,
+            eps: 1e-5,
+            rope_base: 10000.0,
+            rope: RopeLayout::HalfSplit,
+            moe: None,
+        },
+        seed,
+    }
+}
+
 /// The random-weight presets.
 pub const RANDOM_PRESETS: &[RandomPreset] = &[
+    micro(21, "micro"),
+    micro(22, "micro-draft"),
     RandomPreset {
         name: "tiny-gqa",
         about: "4 layers, d 256, 8 query / 2 KV heads, SwiGLU 512, vocab 512",

@@ -46,6 +46,49 @@ impl Sampler {
         })
     }
 
+    /// The distribution `sample` draws from (temperature, top-k, top-p applied), over the
+    /// whole vocabulary; for temperature 0 a point mass on the argmax.
+    pub fn probs(&self, logits: &[f32]) -> Vec<f32> {
+        let mut p = vec![0.0f32; logits.len()];
+        if self.cfg.temperature == 0.0 {
+            p[argmax(logits) as usize] = 1.0;
+            return p;
+        }
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if self.cfg.top_k > 0 {
+            order.truncate(self.cfg.top_k);
+        }
+        let t = self.cfg.temperature as f64;
+        let top = logits[order[0]] as f64;
+        let w: Vec<f64> = order
+            .iter()
+            .map(|&i| ((logits[i] as f64 - top) / t).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        let mut keep = w.len();
+        if self.cfg.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (n, x) in w.iter().enumerate() {
+                cum += x / total;
+                if cum >= self.cfg.top_p as f64 {
+                    keep = n + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f64 = w[..keep].iter().sum();
+        for (&i, x) in order.iter().zip(&w).take(keep) {
+            p[i] = (x / mass) as f32;
+        }
+        p
+    }
+
+    /// The generator, for a verifier that draws with this sampler's seed.
+    pub fn rng(&mut self) -> &mut StdRng {
+        &mut self.rng
+    }
+
     /// The next token.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.cfg.temperature == 0.0 {

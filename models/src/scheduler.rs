@@ -437,6 +437,7 @@ impl<'m> Engine<'m> {
                 start: self.running[i].computed,
                 table,
                 all_logits: false,
+                tree: None,
             })
             .collect();
         let logits = self.model.forward(&mut self.kv, &chunks)?;

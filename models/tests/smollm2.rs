@@ -150,3 +150,48 @@ fn malformed_gguf_is_one_clear_error() {
         .contains("missing"));
     assert!(e.contains("crafted.gguf: "), "errors name the file: {e}");
 }
+
+#[test]
+fn speculative_greedy_equals_plain_greedy() {
+    use models::spec::{generate, generate_plain, SpecConfig};
+    use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+    use models::{load, LoadOptions, SamplerConfig};
+    let Some(g) = model() else { return };
+    let tok = TextTokenizer::from_gguf(&g).unwrap();
+    let path = smollm2_path();
+    let opts = |w: Option<&str>| LoadOptions {
+        attention: "paged".into(),
+        weights: w.map(|w| quant_kernels::WeightFormat::parse(w).unwrap()),
+        ..LoadOptions::default()
+    };
+    let target = load(path.to_str().unwrap(), &opts(None)).unwrap().model;
+    let greedy = SamplerConfig {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let prompt = tok
+        .encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
+        .unwrap();
+    let want = generate_plain(&target, &prompt, 24, None, greedy).unwrap();
+    let draft = load(path.to_str().unwrap(), &opts(Some("q4_0")))
+        .unwrap()
+        .model;
+    let mut drafters: Vec<Box<dyn Drafter>> = vec![
+        Box::new(ModelDrafter::new(draft, "self:q4_0", 128, greedy).unwrap()),
+        Box::new(NgramDrafter::new(3, target.cfg.vocab)),
+    ];
+    for d in drafters.iter_mut() {
+        for shape in ["chain:4", "static:2,2,1", "dynamic:8"] {
+            let cfg = SpecConfig {
+                shape: spec_kernels::TreeShape::parse(shape).unwrap(),
+                adaptive: true,
+                threshold: 0.7,
+                sampler: greedy,
+            };
+            let out = generate(&target, d.as_mut(), &prompt, 24, None, &cfg).unwrap();
+            assert_eq!(out.tokens, want, "{} {shape}", d.name());
+        }
+    }
+}

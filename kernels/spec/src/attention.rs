@@ -1,0 +1,182 @@
+//! Tree attention over a paged KV cache: the target scores every node of a draft tree in one
+//! pass. The committed context is positions 0..ctx of the sequence's block table; tree node j
+//! has its K/V at position ctx + j (written there before the call, rotated for position
+//! ctx + depth). The queries are those of some of the nodes (all of them for the target's
+//! pass; the newest level when a drafter grows the tree level by level, its earlier levels
+//! already in the cache). Query of node i attends to the whole context and to the tree nodes
+//! on its own path (the tree mask), with one online softmax (FlashAttention's running max and sum) over the
+//! context blocks, then its ancestors. One task per (node, query head); GQA by index. The
+//! reference computes the same in f64, materialising the scores.
+
+use crate::tree::DraftTree;
+use kernel_common::simd::{axpy_plain, dot_plain};
+use kernel_common::{error::Result, Buffer, KernelError};
+use paged_kernels::KvPool;
+use rayon::prelude::*;
+
+/// Heads and scale of a tree attention call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TreeAttnShape {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+fn f32_pool(pool: &KvPool) -> Result<(&[f32], &[f32])> {
+    match (&pool.k, &pool.v) {
+        (Buffer::F32(k), Buffer::F32(v)) => Ok((k, v)),
+        _ => Err(KernelError::Unsupported(
+            "tree attention takes an f32 pool".into(),
+        )),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    shape: &TreeAttnShape,
+    pool: &KvPool,
+    table: &[u32],
+    ctx: usize,
+    tree: &DraftTree,
+    nodes: &[usize],
+    q: &[f32],
+    out_len: usize,
+) -> Result<()> {
+    let l = pool.layout;
+    let bad = |m: String| Err(KernelError::InvalidShape(m));
+    if shape.kv_heads != l.kv_heads || shape.head_dim != l.head_dim {
+        return bad(format!(
+            "shape has {} KV heads of {}, the pool {} of {}",
+            shape.kv_heads, shape.head_dim, l.kv_heads, l.head_dim
+        ));
+    }
+    if shape.kv_heads == 0 || !shape.q_heads.is_multiple_of(shape.kv_heads) {
+        return bad(format!(
+            "{} query heads are not a multiple of {} KV heads",
+            shape.q_heads, shape.kv_heads
+        ));
+    }
+    let need = (ctx + tree.len()).div_ceil(l.block_size);
+    if table.len() < need || table[..need].iter().any(|&b| b as usize >= l.num_blocks) {
+        return bad(format!(
+            "the block table does not cover {} positions of a {}-block pool",
+            ctx + tree.len(),
+            l.num_blocks
+        ));
+    }
+    if let Some(n) = nodes.iter().find(|&&n| n >= tree.len()) {
+        return bad(format!("query node {n} is not in a tree of {}", tree.len()));
+    }
+    let want = nodes.len() * shape.q_heads * shape.head_dim;
+    if q.len() != want || out_len != want {
+        return bad(format!(
+            "q and out need {want} values ([nodes, q_heads, head_dim]), got {} and {out_len}",
+            q.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `out[r, h]` = attention of node `nodes[r]`'s query head h over the context and that node's
+/// path. `q` and `out` are `[nodes.len(), q_heads, head_dim]`; every node on those paths has
+/// its K/V in the pool.
+#[allow(clippy::too_many_arguments)]
+pub fn tree_attention(
+    shape: &TreeAttnShape,
+    pool: &KvPool,
+    table: &[u32],
+    ctx: usize,
+    tree: &DraftTree,
+    nodes: &[usize],
+    q: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    check(shape, pool, table, ctx, tree, nodes, q, out.len())?;
+    let (k, v) = f32_pool(pool)?;
+    let l = pool.layout;
+    let d = shape.head_dim;
+    let group = shape.q_heads / shape.kv_heads;
+    let paths: Vec<Vec<usize>> = nodes.iter().map(|&i| tree.path_to(i)).collect();
+    out.par_chunks_mut(d).enumerate().for_each(|(row, o)| {
+        let (i, h) = (row / shape.q_heads, row % shape.q_heads);
+        let kvh = h / group;
+        let qv = &q[row * d..(row + 1) * d];
+        let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
+        o.iter_mut().for_each(|x| *x = 0.0);
+        let mut visit = |pos: usize| {
+            let at = l.offset(table[pos / l.block_size] as usize, kvh, pos % l.block_size);
+            let score = dot_plain(qv, &k[at..at + d]) * shape.scale;
+            if score > m {
+                let c = (m - score).exp();
+                o.iter_mut().for_each(|x| *x *= c);
+                s *= c;
+                m = score;
+            }
+            let p = (score - m).exp();
+            s += p;
+            axpy_plain(p, &v[at..at + d], o);
+        };
+        for pos in 0..ctx {
+            visit(pos);
+        }
+        for &j in &paths[i] {
+            visit(ctx + j);
+        }
+        let inv = 1.0 / s;
+        o.iter_mut().for_each(|x| *x *= inv);
+    });
+    Ok(())
+}
+
+/// The f64 reference: each node's scores over the context and its path (found by walking
+/// parent pointers, not from the mask), a softmax, the weighted sum of V.
+pub fn tree_attention_reference(
+    shape: &TreeAttnShape,
+    pool: &KvPool,
+    table: &[u32],
+    ctx: usize,
+    tree: &DraftTree,
+    nodes: &[usize],
+    q: &[f32],
+) -> Result<Vec<f64>> {
+    let want = nodes.len() * shape.q_heads * shape.head_dim;
+    check(shape, pool, table, ctx, tree, nodes, q, want)?;
+    let (k, v) = f32_pool(pool)?;
+    let l = pool.layout;
+    let d = shape.head_dim;
+    let group = shape.q_heads / shape.kv_heads;
+    let mut out = vec![0.0f64; want];
+    for (r, &i) in nodes.iter().enumerate() {
+        let mut visible: Vec<usize> = (0..ctx).collect();
+        let mut at = Some(i);
+        while let Some(a) = at {
+            visible.push(ctx + a);
+            at = tree.parent(a);
+        }
+        for h in 0..shape.q_heads {
+            let kvh = h / group;
+            let qv = &q[(r * shape.q_heads + h) * d..][..d];
+            let rows: Vec<usize> = visible
+                .iter()
+                .map(|&pos| l.offset(table[pos / l.block_size] as usize, kvh, pos % l.block_size))
+                .collect();
+            let scores: Vec<f64> = rows
+                .iter()
+                .map(|&r| {
+                    (0..d).map(|c| qv[c] as f64 * k[r + c] as f64).sum::<f64>() * shape.scale as f64
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let total: f64 = e.iter().sum();
+            let o = &mut out[(r * shape.q_heads + h) * d..][..d];
+            for (w, &r) in e.iter().zip(&rows) {
+                for c in 0..d {
+                    o[c] += w / total * v[r + c] as f64;
+                }
+            }
+        }
+    }
+    Ok(out)
+}

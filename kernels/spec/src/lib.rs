@@ -1,0 +1,16 @@
+//! Speculative decoding kernels (Leviathan et al. 2023, Chen et al. 2023; trees: SpecInfer,
+//! Miao et al. 2024; Medusa; EAGLE-2): the draft tree and what it implies for attention (the
+//! mask and the position ids), tree attention over a paged KV cache with its f64 reference,
+//! and verification — greedy (longest path matching the target's argmax) and stochastic
+//! (multi-candidate recursive rejection sampling, lossless).
+
+/// Tree attention over a paged KV cache, and its f64 reference.
+pub mod attention;
+/// Draft trees: one representation (parent per node), shapes, mask, positions.
+pub mod tree;
+/// Greedy and lossless stochastic verification.
+pub mod verify;
+
+pub use attention::{tree_attention, tree_attention_reference, TreeAttnShape};
+pub use tree::{DraftTree, TreeShape};
+pub use verify::{verify_greedy, verify_stochastic, Proposal, Verdict};

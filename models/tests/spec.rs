@@ -1,0 +1,239 @@
+//! Speculative decoding end to end on the presets: greedy speculative output equals plain
+//! greedy output token for token for every drafter (another preset, the target's own weights
+//! in q8_0, n-gram lookup) and tree shape, adaptive or not; a tree pass scores each node as a
+//! plain pass over its root-to-node path would; sampled speculation leaves the target's
+//! distribution unchanged (chi-square on a vocabulary-8 preset); bad configurations are errors.
+
+use models::spec::{generate, generate_plain, SpecConfig};
+use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::{load, KvPools, Llama, LoadOptions, SamplerConfig, SeqChunk, Session};
+use spec_kernels::{DraftTree, TreeShape};
+
+fn model(name: &str, weights: Option<&str>) -> Llama {
+    load(
+        name,
+        &LoadOptions {
+            attention: "paged".into(),
+            weights: weights.map(|w| quant_kernels::WeightFormat::parse(w).unwrap()),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap()
+    .model
+}
+
+fn greedy() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 1,
+    }
+}
+
+fn cfg(shape: &str, adaptive: bool, sampler: SamplerConfig) -> SpecConfig {
+    SpecConfig {
+        shape: TreeShape::parse(shape).unwrap(),
+        adaptive,
+        threshold: 0.7,
+        sampler,
+    }
+}
+
+#[test]
+fn greedy_speculation_equals_plain_greedy() {
+    let target = model("tiny-gqa", None);
+    // A prompt that repeats itself, so n-gram lookup finds something.
+    let base: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+    let prompt: Vec<u32> = base
+        .iter()
+        .chain(&base)
+        .chain(&base[..6])
+        .copied()
+        .collect();
+    let want = generate_plain(&target, &prompt, 40, None, greedy()).unwrap();
+    let mut drafters: Vec<Box<dyn Drafter>> = vec![
+        Box::new(ModelDrafter::new(model("tiny-mqa", None), "tiny-mqa", 256, greedy()).unwrap()),
+        Box::new(
+            ModelDrafter::new(model("tiny-gqa", Some("q8_0")), "self:q8_0", 256, greedy()).unwrap(),
+        ),
+        Box::new(NgramDrafter::new(3, 512)),
+    ];
+    for d in drafters.iter_mut() {
+        for shape in ["chain:1", "chain:4", "static:3,2,1", "dynamic:12"] {
+            for adaptive in [false, true] {
+                let out = generate(
+                    &target,
+                    d.as_mut(),
+                    &prompt,
+                    40,
+                    None,
+                    &cfg(shape, adaptive, greedy()),
+                )
+                .unwrap();
+                assert_eq!(out.tokens, want, "{} {shape} adaptive={adaptive}", d.name());
+                assert!(out.stats.rounds >= 1 && out.stats.rounds <= 39);
+            }
+        }
+    }
+    // The target's own weights draft almost perfectly: most passes accept several tokens.
+    let mut selfd =
+        ModelDrafter::new(model("tiny-gqa", Some("q8_0")), "self", 256, greedy()).unwrap();
+    let out = generate(
+        &target,
+        &mut selfd,
+        &prompt,
+        40,
+        None,
+        &cfg("chain:4", false, greedy()),
+    )
+    .unwrap();
+    assert!(out.stats.acceptance_rate() > 0.8, "{:?}", out.stats);
+    assert!(out.stats.tokens_per_pass() > 3.0);
+}
+
+#[test]
+fn a_tree_pass_scores_each_path_like_a_plain_pass() {
+    let m = model("tiny-moe", None);
+    let prompt: Vec<u32> = (0..19).map(|i| (i * 53 + 1) % 512).collect();
+    let tree = DraftTree::from_parents(&[
+        None,
+        Some(0),
+        Some(0),
+        Some(1),
+        Some(1),
+        Some(2),
+        Some(3),
+        Some(6),
+    ])
+    .unwrap();
+    let tokens: Vec<u32> = vec![7, 100, 200, 300, 301, 400, 500, 511];
+    let mut kv = KvPools::new(&m, 4, 16).unwrap();
+    let table = [3u32, 0, 2, 1];
+    let chunk = SeqChunk {
+        tokens: &prompt,
+        start: 0,
+        table: &table,
+        all_logits: false,
+        tree: None,
+    };
+    m.forward(&mut kv, &[chunk]).unwrap();
+    let nodes: Vec<usize> = (0..tree.len()).collect();
+    let tree_logits = m
+        .forward(
+            &mut kv,
+            &[SeqChunk {
+                tokens: &tokens,
+                start: prompt.len(),
+                table: &table,
+                all_logits: true,
+                tree: Some(models::llama::TreeChunk {
+                    tree: &tree,
+                    nodes: &nodes,
+                }),
+            }],
+        )
+        .unwrap()
+        .remove(0);
+    for node in 0..tree.len() {
+        let mut s = Session::new(&m, 64, 16).unwrap();
+        s.forward(&prompt).unwrap();
+        let path: Vec<u32> = tree.path_to(node).iter().map(|&n| tokens[n]).collect();
+        let want = s.forward(&path).unwrap();
+        let got = &tree_logits[node * 512..(node + 1) * 512];
+        let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let err = want
+            .iter()
+            .zip(got)
+            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(err / scale < 1e-4, "node {node}: {err} / {scale}");
+    }
+}
+
+#[test]
+fn sampled_speculation_keeps_the_target_distribution() {
+    // Vocabulary 8: the joint of the first two tokens over many seeds against the target's
+    // own probabilities p(t1) · p(t2 | t1). t2 comes out of verification (draft tree static:3).
+    let target = model("micro", None);
+    let prompt = [1u32, 5, 2, 7, 3];
+    let t = |seed| SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed,
+    };
+    let probs = |logits: &[f32]| -> Vec<f64> {
+        let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let e: Vec<f64> = logits.iter().map(|&l| ((l - m) as f64).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.into_iter().map(|x| x / s).collect()
+    };
+    let mut s = Session::new(&target, 16, 16).unwrap();
+    let p1 = probs(&s.forward(&prompt).unwrap());
+    let mut expected = vec![0.0f64; 64];
+    for a in 0..8 {
+        let mut s = Session::new(&target, 16, 16).unwrap();
+        s.forward(&prompt).unwrap();
+        let p2 = probs(&s.forward(&[a as u32]).unwrap());
+        for b in 0..8 {
+            expected[a * 8 + b] = p1[a] * p2[b];
+        }
+    }
+    let n = 6000;
+    let mut counts = vec![0usize; 64];
+    let mut drafter =
+        ModelDrafter::new(model("micro-draft", None), "micro-draft", 64, t(0)).unwrap();
+    for seed in 0..n {
+        let out = generate(
+            &target,
+            &mut drafter,
+            &prompt,
+            2,
+            None,
+            &cfg("static:3", false, t(seed)),
+        )
+        .unwrap();
+        counts[out.tokens[0] as usize * 8 + out.tokens[1] as usize] += 1;
+    }
+    let chi2: f64 = counts
+        .iter()
+        .zip(&expected)
+        .filter(|(_, &e)| e * n as f64 >= 5.0)
+        .map(|(&c, &e)| (c as f64 - e * n as f64).powi(2) / (e * n as f64))
+        .sum();
+    let cells = expected.iter().filter(|&&e| e * n as f64 >= 5.0).count();
+    // P(chi2 > dof + 4.5·sqrt(2·dof)) is about 0.001 for dof around 60.
+    let dof = (cells - 1) as f64;
+    assert!(
+        chi2 < dof + 4.5 * (2.0 * dof).sqrt(),
+        "chi2 {chi2:.1} over {cells} cells"
+    );
+}
+
+#[test]
+fn bad_speculation_requests_are_errors() {
+    let target = model("tiny-gqa", None);
+    let mut other = ModelDrafter::new(model("micro", None), "micro", 64, greedy()).unwrap();
+    let e = generate(
+        &target,
+        &mut other,
+        &[1, 2],
+        4,
+        None,
+        &cfg("chain:2", false, greedy()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("vocabulary of 8"), "{e}");
+    let mut ng = NgramDrafter::new(2, 512);
+    let e = generate(
+        &target,
+        &mut ng,
+        &[1, 2],
+        2040,
+        None,
+        &cfg("chain:16", false, greedy()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("exceed the context"), "{e}");
+    assert!(TreeShape::parse("static:2,0").is_err());
+}
