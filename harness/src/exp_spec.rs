@@ -33,6 +33,13 @@ pub struct SpecRow {
     /// Deepest draft level the shape allows.
     pub depth: usize,
     pub max_nodes: usize,
+    /// Draft depth adapted to the running acceptance (70% threshold). (Absent from runs
+    /// before the column existed: off.)
+    #[serde(default)]
+    pub adaptive: bool,
+    /// Mean depth limit over the rounds (the shape's depth unless adaptive).
+    #[serde(default)]
+    pub mean_depth_limit: f64,
     pub temperature: f64,
     pub prompt: String,
     pub new_tokens: usize,
@@ -88,6 +95,17 @@ pub fn run(
         prompt_text(p)?;
     }
     let max_new = g.one("max_new", "48", "a positive integer", |n: usize| n > 0)?;
+    let adaptive: Vec<bool> = g
+        .strings("adaptive", &["off"])
+        .iter()
+        .map(|a| match a.as_str() {
+            "off" | "false" => Ok(false),
+            "on" | "true" => Ok(true),
+            o => Err(HarnessError::Usage(format!(
+                "adaptive '{o}' is not on or off"
+            ))),
+        })
+        .collect::<Result<_>>()?;
     let path = resolve_model(&model_name)?;
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let loaded = load(&path, &models::LoadOptions::default())?;
@@ -97,7 +115,8 @@ pub fn run(
         ))
     })?;
     let target = &loaded.model;
-    let bar = progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len());
+    let bar =
+        progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
     let mut failures = 0;
     let max_nodes = trees.iter().map(|t| t.max_nodes()).max().unwrap_or(1);
     for d in &drafters {
@@ -122,11 +141,14 @@ pub fn run(
                 let t0 = Instant::now();
                 let plain = generate_plain(target, &ids, max_new, None, sampler)?;
                 let plain_s = t0.elapsed().as_secs_f64();
-                for shape in &trees {
+                for (shape, &adapt) in trees
+                    .iter()
+                    .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
+                {
                     bar.set_message(format!("{d} T={temp} {p}: {}", shape.label()));
                     let cfg = SpecConfig {
                         shape: shape.clone(),
-                        adaptive: false,
+                        adaptive: adapt,
                         threshold: 0.7,
                         sampler,
                     };
@@ -145,6 +167,9 @@ pub fn run(
                         shape_kind: shape.label().split(':').next().unwrap_or("").into(),
                         depth: shape.max_depth(),
                         max_nodes: shape.max_nodes(),
+                        adaptive: adapt,
+                        mean_depth_limit: st.depths.iter().sum::<usize>() as f64
+                            / st.depths.len().max(1) as f64,
                         temperature: temp,
                         prompt: p.clone(),
                         new_tokens: out.tokens.len(),
@@ -171,13 +196,18 @@ pub fn run(
 
 /// The markdown table of a spec run.
 pub fn tables(rows: &[SpecRow]) -> String {
-    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n| drafter | tree | T | prompt | acceptance | tokens/pass | nodes/pass | draft share | plain tok/s | spec tok/s | speed-up | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n| drafter | tree | adaptive (mean depth) | T | prompt | acceptance | tokens/pass | nodes/pass | draft share | plain tok/s | spec tok/s | speed-up | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.0}% | {:.2} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.2}× | {} |",
+            "| {} | {} | {} | {} | {} | {:.0}% | {:.2} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.2}× | {} |",
             r.drafter,
             r.tree,
+            if r.adaptive {
+                format!("on ({:.1})", r.mean_depth_limit)
+            } else {
+                "off".into()
+            },
             r.temperature,
             r.prompt,
             100.0 * r.acceptance_rate,

@@ -154,6 +154,10 @@ pub const SPEC_GRID_KEYS: &[(&str, &str)] = &[
     ("temperature", "0 (greedy) or a sampling temperature"),
     ("prompt", "prose | code | repetitive"),
     ("max_new", "tokens generated per run (one value)"),
+    (
+        "adaptive",
+        "off | on: adapt the draft depth to the running acceptance (70%)",
+    ),
 ];
 
 /// Families an experiment spec may name.

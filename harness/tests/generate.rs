@@ -254,3 +254,61 @@ fn bad_model_choices_are_one_line() {
         "no config.json",
     );
 }
+
+#[test]
+fn speculative_generation_from_the_cli() {
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "--model",
+            "tiny-gqa",
+            "--prompt-ids",
+            "5,9,5,9,5,9,5,9,5",
+            "--max-new-tokens",
+            "20",
+            "--format",
+            "json",
+        ];
+        a.extend_from_slice(extra);
+        generate(&a)
+    };
+    let plain = run(&[]);
+    assert_eq!(plain.status.code(), Some(0));
+    let plain: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
+    for extra in [
+        &["--spec-draft", "ngram", "--spec-tree", "static:3,2,1"][..],
+        &[
+            "--spec-draft",
+            "tiny-mqa",
+            "--spec-tree",
+            "dynamic:8",
+            "--spec-adaptive",
+        ][..],
+        &["--spec-draft", "self:q8_0", "--spec-tree", "chain:3"][..],
+    ] {
+        let out = run(extra);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["generated_ids"], plain["generated_ids"], "{extra:?}");
+        assert!(v["spec"]["target_passes"].as_u64().unwrap() >= 1);
+        assert!(v["spec"]["acceptance_rate"].as_f64().unwrap() >= 0.0);
+    }
+    one_line_exit_2(
+        &run(&["--spec-draft", "ngram", "--spec-tree", "static:2,0"]),
+        "static",
+    );
+    one_line_exit_2(
+        &run(&["--spec-draft", "ngram", "--spec-tree", "chain:-1"]),
+        "chain",
+    );
+    one_line_exit_2(&run(&["--spec-draft", "micro"]), "vocabulary of 8");
+    one_line_exit_2(
+        &run(&["--spec-draft", "ngram", "--spec-tree", "chain:5000"]),
+        "exceed the context",
+    );
+    one_line_exit_2(&run(&["--spec-draft", "self-layers:0"]), "cannot keep 0");
+}

@@ -83,6 +83,24 @@ impl KvPools {
         }
     }
 
+    /// Overwrites positions `from..to` of one sequence with NaN in every layer, so a later
+    /// read of them (a rejected draft branch leaking into attention) poisons the output.
+    pub fn poison_positions(&mut self, table: &[u32], from: usize, to: usize) {
+        let l = self.layout;
+        let (bs, hd) = (l.block_size, l.head_dim);
+        for pool in &mut self.layers {
+            for buf in [&mut pool.k, &mut pool.v] {
+                let b = f32s(buf);
+                for pos in from..to {
+                    for h in 0..l.kv_heads {
+                        let at = l.offset(table[pos / bs] as usize, h, pos % bs);
+                        b[at..at + hd].fill(f32::NAN);
+                    }
+                }
+            }
+        }
+    }
+
     /// Copies block `src` into block `dst` in every layer (copy-on-write).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = self.layout.block_elems();

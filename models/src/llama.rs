@@ -13,7 +13,7 @@ use kernel_common::{Buffer, DType, Device, KernelError};
 use moe_kernels::{route, Capacity, DropPolicy, MoeConfig, WeightNorm};
 use paged_kernels::{paged_decode, PagedBatch, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use quant_kernels::{matmul, Isa, MatVecVariant, QuantMatrix};
-use spec_kernels::{tree_attention, DraftTree, TreeAttnShape};
+use spec_kernels::{tree_attention, DraftTree, TreeAttnShape, TreeContext};
 
 /// The error type of the pipeline: one line naming the file or input at fault.
 pub type Result<T> = std::result::Result<T, KernelError>;
@@ -523,16 +523,14 @@ impl Llama {
                 scale: 1.0 / (hd as f32).sqrt(),
             };
             let rows = offsets[i] * qd..(offsets[i] + n) * qd;
-            tree_attention(
-                &shape,
-                &kv.layers[li],
-                c.table,
-                c.start,
-                t.tree,
-                t.nodes,
-                &q[rows.clone()],
-                &mut attn[rows],
-            )?;
+            let at = TreeContext {
+                pool: &kv.layers[li],
+                table: c.table,
+                ctx: c.start,
+                tree: t.tree,
+                nodes: t.nodes,
+            };
+            tree_attention(&shape, &at, &q[rows.clone()], &mut attn[rows])?;
             done[i] = true;
         }
         if let AttentionChoice::Paged(split) = self.attention {

@@ -89,43 +89,22 @@ impl Sampler {
         &mut self.rng
     }
 
-    /// The next token.
+    /// The next token: the argmax at temperature 0, else one uniform draw against the
+    /// cumulative `probs` in token order.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.cfg.temperature == 0.0 {
             return argmax(logits);
         }
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if self.cfg.top_k > 0 {
-            order.truncate(self.cfg.top_k);
-        }
-        let t = self.cfg.temperature as f64;
-        let top = logits[order[0]] as f64;
-        let weights: Vec<f64> = order
-            .iter()
-            .map(|&i| ((logits[i] as f64 - top) / t).exp())
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut keep = weights.len();
-        if self.cfg.top_p < 1.0 {
-            let mut cum = 0.0;
-            for (n, w) in weights.iter().enumerate() {
-                cum += w / total;
-                if cum >= self.cfg.top_p as f64 {
-                    keep = n + 1;
-                    break;
-                }
+        let p = self.probs(logits);
+        let mut u = self.rng.gen::<f64>();
+        for (i, &x) in p.iter().enumerate() {
+            if u < x as f64 {
+                return i as u32;
             }
+            u -= x as f64;
         }
-        let mass: f64 = weights[..keep].iter().sum();
-        let mut u = self.rng.gen::<f64>() * mass;
-        for (n, w) in weights[..keep].iter().enumerate() {
-            if u < *w {
-                return order[n] as u32;
-            }
-            u -= w;
-        }
-        order[keep - 1] as u32
+        // Rounding left u above the total: the last token with mass.
+        p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
     }
 }
 

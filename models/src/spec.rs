@@ -2,8 +2,8 @@
 //! trees as in EAGLE-2): a drafter proposes a tree of tokens after the last produced token
 //! (the root), the target scores every node in one tree-masked pass over its paged KV cache,
 //! verification keeps the longest acceptable path plus one token of the target's own, the
-//! accepted nodes' K/V are moved into place and the rest are dropped (later positions simply
-//! overwrite them). Greedy verification reproduces plain greedy decoding; stochastic
+//! accepted nodes' K/V are moved into place and the rest are dropped (NaN-poisoned until later
+//! tokens overwrite them, so a leak would show). Greedy verification reproduces plain greedy decoding; stochastic
 //! verification (multi-candidate rejection sampling) reproduces the target's distribution.
 //! Adaptive depth: the draft depth shrinks while the running acceptance rate is under a
 //! threshold (C21: 70%) and grows while above.
@@ -281,6 +281,9 @@ pub fn generate(
         for (j, &node) in verdict.accepted.iter().enumerate() {
             kv.move_position(&table, ctx + node, ctx + 1 + j);
         }
+        // Rejected branches are gone: their positions are poisoned until overwritten, so a
+        // read of them would show as NaN logits.
+        kv.poison_positions(&table, ctx + 1 + verdict.accepted.len(), ctx + d.tree.len());
         drafter.accept(&d.tree, &verdict.accepted)?;
         stats.verify_s += t.elapsed().as_secs_f64();
         ctx += 1 + verdict.accepted.len();

@@ -142,6 +142,8 @@ impl Drafter for ModelDrafter {
             self.kv.move_position(&self.table, ctx + node, ctx + 1 + j);
             kept += 1;
         }
+        self.kv
+            .poison_positions(&self.table, ctx + kept, ctx + self.expanded.max(kept));
         self.cached = ctx + kept;
         Ok(())
     }

@@ -14,6 +14,17 @@ use kernel_common::{error::Result, Buffer, KernelError};
 use paged_kernels::KvPool;
 use rayon::prelude::*;
 
+/// Where a tree attention call reads: the pool, the sequence's block table, the committed
+/// context length, the tree, and the nodes whose queries are given.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeContext<'a> {
+    pub pool: &'a KvPool,
+    pub table: &'a [u32],
+    pub ctx: usize,
+    pub tree: &'a DraftTree,
+    pub nodes: &'a [usize],
+}
+
 /// Heads and scale of a tree attention call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TreeAttnShape {
@@ -32,17 +43,14 @@ fn f32_pool(pool: &KvPool) -> Result<(&[f32], &[f32])> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check(
-    shape: &TreeAttnShape,
-    pool: &KvPool,
-    table: &[u32],
-    ctx: usize,
-    tree: &DraftTree,
-    nodes: &[usize],
-    q: &[f32],
-    out_len: usize,
-) -> Result<()> {
+fn check(shape: &TreeAttnShape, at: &TreeContext, q: &[f32], out_len: usize) -> Result<()> {
+    let TreeContext {
+        pool,
+        table,
+        ctx,
+        tree,
+        nodes,
+    } = *at;
     let l = pool.layout;
     let bad = |m: String| Err(KernelError::InvalidShape(m));
     if shape.kv_heads != l.kv_heads || shape.head_dim != l.head_dim {
@@ -81,18 +89,20 @@ fn check(
 /// `out[r, h]` = attention of node `nodes[r]`'s query head h over the context and that node's
 /// path. `q` and `out` are `[nodes.len(), q_heads, head_dim]`; every node on those paths has
 /// its K/V in the pool.
-#[allow(clippy::too_many_arguments)]
 pub fn tree_attention(
     shape: &TreeAttnShape,
-    pool: &KvPool,
-    table: &[u32],
-    ctx: usize,
-    tree: &DraftTree,
-    nodes: &[usize],
+    at: &TreeContext,
     q: &[f32],
     out: &mut [f32],
 ) -> Result<()> {
-    check(shape, pool, table, ctx, tree, nodes, q, out.len())?;
+    check(shape, at, q, out.len())?;
+    let TreeContext {
+        pool,
+        table,
+        ctx,
+        tree,
+        nodes,
+    } = *at;
     let (k, v) = f32_pool(pool)?;
     let l = pool.layout;
     let d = shape.head_dim;
@@ -133,15 +143,18 @@ pub fn tree_attention(
 /// parent pointers, not from the mask), a softmax, the weighted sum of V.
 pub fn tree_attention_reference(
     shape: &TreeAttnShape,
-    pool: &KvPool,
-    table: &[u32],
-    ctx: usize,
-    tree: &DraftTree,
-    nodes: &[usize],
+    at: &TreeContext,
     q: &[f32],
 ) -> Result<Vec<f64>> {
-    let want = nodes.len() * shape.q_heads * shape.head_dim;
-    check(shape, pool, table, ctx, tree, nodes, q, want)?;
+    let want = at.nodes.len() * shape.q_heads * shape.head_dim;
+    check(shape, at, q, want)?;
+    let TreeContext {
+        pool,
+        table,
+        ctx,
+        tree,
+        nodes,
+    } = *at;
     let (k, v) = f32_pool(pool)?;
     let l = pool.layout;
     let d = shape.head_dim;

@@ -11,6 +11,6 @@ pub mod tree;
 /// Greedy and lossless stochastic verification.
 pub mod verify;
 
-pub use attention::{tree_attention, tree_attention_reference, TreeAttnShape};
+pub use attention::{tree_attention, tree_attention_reference, TreeAttnShape, TreeContext};
 pub use tree::{DraftTree, TreeShape};
 pub use verify::{verify_greedy, verify_stochastic, Proposal, Verdict};

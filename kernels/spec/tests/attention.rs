@@ -7,7 +7,9 @@ use kernel_common::{Buffer, DType};
 use paged_kernels::{KvPool, PoolLayout};
 use rand::seq::SliceRandom;
 use rand::Rng;
-use spec_kernels::{tree_attention, tree_attention_reference, DraftTree, TreeAttnShape};
+use spec_kernels::{
+    tree_attention, tree_attention_reference, DraftTree, TreeAttnShape, TreeContext,
+};
 
 fn pool(blocks: usize, bs: usize, kvh: usize, d: usize, seed: u64) -> KvPool {
     let layout = PoolLayout {
@@ -53,8 +55,15 @@ fn tree_attention_matches_the_reference() {
         for which in [&all, &late] {
             let q = normal_buffer(&mut r, DType::F32, which.len() * qh * d).to_f32();
             let mut out = vec![f32::NAN; q.len()];
-            tree_attention(&shape, &p, &table, ctx, &tree, which, &q, &mut out).unwrap();
-            let want = tree_attention_reference(&shape, &p, &table, ctx, &tree, which, &q).unwrap();
+            let at = TreeContext {
+                pool: &p,
+                table: &table,
+                ctx,
+                tree: &tree,
+                nodes: which,
+            };
+            tree_attention(&shape, &at, &q, &mut out).unwrap();
+            let want = tree_attention_reference(&shape, &at, &q).unwrap();
             let err = out
                 .iter()
                 .zip(&want)
@@ -79,7 +88,14 @@ fn a_chain_is_causal_attention() {
     let q = normal_buffer(&mut rng(4), DType::F32, (k + 1) * qh * d).to_f32();
     let mut out = vec![0.0f32; q.len()];
     let all: Vec<usize> = (0..=k).collect();
-    tree_attention(&shape, &p, &table, ctx, &tree, &all, &q, &mut out).unwrap();
+    let ctx_all = TreeContext {
+        pool: &p,
+        table: &table,
+        ctx,
+        tree: &tree,
+        nodes: &all,
+    };
+    tree_attention(&shape, &ctx_all, &q, &mut out).unwrap();
     // Paged decode with q_len = k + 1 is causal over the last k + 1 positions.
     let mut qh_major = vec![0.0f32; q.len()];
     for i in 0..=k {
@@ -120,7 +136,16 @@ fn a_chain_is_causal_attention() {
         }
     }
     // Bad input is an error, not a panic.
-    assert!(tree_attention(&shape, &p, &table[..2], ctx, &tree, &all, &q, &mut out).is_err());
-    assert!(tree_attention(&shape, &p, &table, ctx, &tree, &all, &q[1..], &mut out).is_err());
-    assert!(tree_attention(&shape, &p, &table, ctx, &tree, &[k + 1], &q, &mut out).is_err());
+    let short = TreeContext {
+        table: &table[..2],
+        ..ctx_all
+    };
+    assert!(tree_attention(&shape, &short, &q, &mut out).is_err());
+    assert!(tree_attention(&shape, &ctx_all, &q[1..], &mut out).is_err());
+    let outside = [k + 1];
+    let beyond = TreeContext {
+        nodes: &outside,
+        ..ctx_all
+    };
+    assert!(tree_attention(&shape, &beyond, &q, &mut out).is_err());
 }
