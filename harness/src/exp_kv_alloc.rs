@@ -74,9 +74,15 @@ pub fn run(
             )));
         }
     }
-    if let Some(s) = systems.iter().find(|&&s| s + max_prompt + max_new > budget) {
+    // One request must fit with the paged allocator's 1% watermark and a block of rounding
+    // per part to spare.
+    let largest_block = block_sizes.iter().copied().max().unwrap_or(1);
+    if let Some(s) = systems
+        .iter()
+        .find(|&&s| (s + max_prompt + max_new + 2 * largest_block) * 100 > budget * 98)
+    {
         return Err(HarnessError::Usage(format!(
-            "budget_tokens {budget} cannot hold one request of {s} + {max_prompt} + {max_new} tokens"
+            "budget_tokens {budget} cannot hold one request of {s} + {max_prompt} + {max_new} tokens with room to spare"
         )));
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
