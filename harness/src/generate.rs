@@ -51,7 +51,7 @@ pub struct GenerateArgs {
     /// Attention variant: naive, flash2 (K/V gathered from the cache), or paged (decode
     /// straight on the block pool; prompt chunks above 16 tokens go through flash2), with
     /// parameters, e.g. flash2:br=32 or paged:split=auto.
-    #[arg(long, default_value = "flash2")]
+    #[arg(long, default_value = "paged")]
     pub attention: String,
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = 16)]
