@@ -316,6 +316,7 @@ impl<'m> Engine<'m> {
                     budget = budget.saturating_sub(1);
                     i += 1;
                 }
+                Err(_) if s.idle => i += 1, // padding work stops first, preempting nobody
                 Err(_) => {
                     // Preempt the latest admitted sequence not yet planned (this one if none).
                     let victim = (0..self.running.len())

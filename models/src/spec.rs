@@ -207,11 +207,12 @@ pub fn generate(
     }
     let max_depth = cfg.shape.max_depth();
     let slots = prompt.len() + max_new + cfg.shape.max_nodes() + 1;
-    if prompt.is_empty() || max_new == 0 || prompt.len() + max_new + max_depth > target.cfg.context
-    {
+    // The last round's tree is stored after the committed tokens: all of it must fit.
+    if prompt.is_empty() || max_new == 0 || slots > target.cfg.context {
         return Err(KernelError::InvalidShape(format!(
-            "{} prompt tokens + {max_new} new + a draft of depth {max_depth} exceed the context of {}",
+            "{} prompt tokens + {max_new} new + a draft tree of {} nodes exceed the context of {}",
             prompt.len(),
+            cfg.shape.max_nodes(),
             target.cfg.context
         )));
     }
