@@ -25,6 +25,9 @@ pub struct DecodeRow {
     pub experiment: String,
     pub model: String,
     pub weights: String,
+    /// The projection product (fused, fused:act=q8). (Absent from the first runs: fused.)
+    #[serde(default = "fused")]
+    pub matmul: String,
     /// decode | prefill
     pub phase: String,
     pub batch: usize,
@@ -47,6 +50,10 @@ pub struct DecodeRow {
     /// max |Δ| / max |logit| of sequence 0 against a batch-1 session (decode, batch > 1).
     pub rel_err_vs_batch1: Option<f64>,
     pub status: String,
+}
+
+fn fused() -> String {
+    "fused".into()
 }
 
 fn prompt(seq: usize, len: usize, vocab: usize) -> Vec<u32> {
@@ -138,6 +145,11 @@ pub fn run(
             WeightFormat::parse(w)?;
         }
     }
+    let matmuls = g
+        .strings("matmul", &["fused"])
+        .iter()
+        .map(|v| crate::registry::quant_variant(v))
+        .collect::<Result<Vec<_>>>()?;
     let batches = g.counts("batch", &["1", "8"])?;
     let context = g.one("context", "64", "a positive integer", |n: usize| n > 0)?;
     let steps = g.one("steps", "16", "a positive integer", |n: usize| n > 0)?;
@@ -148,7 +160,7 @@ pub fn run(
         .collect::<Result<Vec<_>>>()?;
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bw = run.roof.read_gbps;
-    let total = model_names.len() * weights.len() * (batches.len() + prefill.len());
+    let total = model_names.len() * weights.len() * matmuls.len() * (batches.len() + prefill.len());
     let bar = progress_bar(total);
     let mut failures = 0;
     for (name, path) in model_names.iter().zip(&paths) {
@@ -161,79 +173,90 @@ pub fn run(
                     .transpose()?,
                 ..LoadOptions::default()
             };
-            let m = load(path, &lopts)?.model;
-            let wbytes = m.weight_bytes() as f64;
-            let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
-            let flops_token = 2.0 * (wbytes / bytes_per_param(&m)).max(1.0);
-            let mut row = |phase: &str,
-                           batch: usize,
-                           ctx: usize,
-                           t: &Timing,
-                           tokens: usize,
-                           kv_bytes: f64,
-                           err: Option<f64>|
-             -> Result<()> {
-                let med = t.median();
-                let roof = (wbytes + kv_bytes) / (bw * 1e9);
-                let ok = err.is_none_or(|e| e <= 1e-3);
-                failures += usize::from(!ok);
-                run.writer.write(&DecodeRow {
-                    run_id: run.run_id.clone(),
-                    experiment: spec.name.clone(),
-                    model: name.clone(),
-                    weights: w.clone(),
-                    phase: phase.into(),
-                    batch,
-                    context: ctx,
-                    weight_mb: wbytes / 1e6,
-                    kv_mb: kv_bytes / 1e6,
-                    median_ms: med * 1e3,
-                    p10_ms: t.percentile(10.0) * 1e3,
-                    p90_ms: t.percentile(90.0) * 1e3,
-                    tokens_per_s: tokens as f64 / med,
-                    bandwidth_gbs: bw,
-                    roofline_ms: roof * 1e3,
-                    pct_of_roofline: 100.0 * roof / med,
-                    effective_gbs: (wbytes + kv_bytes) / med / 1e9,
-                    gflops: flops_token * tokens as f64 / med / 1e9,
-                    rel_err_vs_batch1: err,
-                    status: if ok { "ok" } else { "fail" }.into(),
-                })?;
-                Ok(())
-            };
-            for &b in &batches {
-                bar.set_message(format!("{name} {w}: decode batch {b}"));
-                let (t, err) = decode_times(&m, b, context, steps)?;
-                let kv = kv_token * (b * (context + steps / 2)) as f64;
-                row("decode", b, context, &t, b, kv, err)?;
-                bar.inc(1);
-            }
-            for &p in &prefill {
-                if p == 0 || p > m.cfg.context {
-                    return Err(HarnessError::Usage(format!(
-                        "prefill_tokens {p} is outside 1..={} (the model's context)",
-                        m.cfg.context
-                    )));
+            let mut m = load(path, &lopts)?.model;
+            for (mname, variant) in &matmuls {
+                // A product that takes none of the model's formats would only repeat `fused`.
+                let format = m.layers[0].wo.format;
+                if quant_kernels::supports(*variant, format).is_err() {
+                    bar.inc((batches.len() + prefill.len()) as u64);
+                    continue;
                 }
-                bar.set_message(format!("{name} {w}: prefill {p}"));
-                let ids = prompt(0, p, m.cfg.vocab);
-                let mut samples = vec![];
-                for _ in 0..2 {
-                    let mut s = Session::new(&m, p, 16)?;
-                    let t0 = Instant::now();
-                    s.forward(&ids)?;
-                    samples.push(t0.elapsed().as_secs_f64());
+                m.matmul = *variant;
+                let m = &m;
+                let wbytes = m.weight_bytes() as f64;
+                let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
+                let flops_token = 2.0 * (wbytes / bytes_per_param(m)).max(1.0);
+                let mut row = |phase: &str,
+                               batch: usize,
+                               ctx: usize,
+                               t: &Timing,
+                               tokens: usize,
+                               kv_bytes: f64,
+                               err: Option<f64>|
+                 -> Result<()> {
+                    let med = t.median();
+                    let roof = (wbytes + kv_bytes) / (bw * 1e9);
+                    let ok = err.is_none_or(|e| e <= 1e-3);
+                    failures += usize::from(!ok);
+                    run.writer.write(&DecodeRow {
+                        run_id: run.run_id.clone(),
+                        experiment: spec.name.clone(),
+                        model: name.clone(),
+                        weights: w.clone(),
+                        matmul: mname.clone(),
+                        phase: phase.into(),
+                        batch,
+                        context: ctx,
+                        weight_mb: wbytes / 1e6,
+                        kv_mb: kv_bytes / 1e6,
+                        median_ms: med * 1e3,
+                        p10_ms: t.percentile(10.0) * 1e3,
+                        p90_ms: t.percentile(90.0) * 1e3,
+                        tokens_per_s: tokens as f64 / med,
+                        bandwidth_gbs: bw,
+                        roofline_ms: roof * 1e3,
+                        pct_of_roofline: 100.0 * roof / med,
+                        effective_gbs: (wbytes + kv_bytes) / med / 1e9,
+                        gflops: flops_token * tokens as f64 / med / 1e9,
+                        rel_err_vs_batch1: err,
+                        status: if ok { "ok" } else { "fail" }.into(),
+                    })?;
+                    Ok(())
+                };
+                for &b in &batches {
+                    bar.set_message(format!("{name} {w}: decode batch {b}"));
+                    let (t, err) = decode_times(m, b, context, steps)?;
+                    let kv = kv_token * (b * (context + steps / 2)) as f64;
+                    row("decode", b, context, &t, b, kv, err)?;
+                    bar.inc(1);
                 }
-                row(
-                    "prefill",
-                    1,
-                    p,
-                    &Timing { samples },
-                    p,
-                    kv_token * p as f64,
-                    None,
-                )?;
-                bar.inc(1);
+                for &p in &prefill {
+                    if p == 0 || p > m.cfg.context {
+                        return Err(HarnessError::Usage(format!(
+                            "prefill_tokens {p} is outside 1..={} (the model's context)",
+                            m.cfg.context
+                        )));
+                    }
+                    bar.set_message(format!("{name} {w}: prefill {p}"));
+                    let ids = prompt(0, p, m.cfg.vocab);
+                    let mut samples = vec![];
+                    for _ in 0..2 {
+                        let mut s = Session::new(m, p, 16)?;
+                        let t0 = Instant::now();
+                        s.forward(&ids)?;
+                        samples.push(t0.elapsed().as_secs_f64());
+                    }
+                    row(
+                        "prefill",
+                        1,
+                        p,
+                        &Timing { samples },
+                        p,
+                        kv_token * p as f64,
+                        None,
+                    )?;
+                    bar.inc(1);
+                }
             }
         }
     }
@@ -251,13 +274,14 @@ fn bytes_per_param(m: &Llama) -> f64 {
 
 /// The markdown table of a decode run.
 pub fn tables(rows: &[DecodeRow]) -> String {
-    let mut md = String::from("## Decode and prefill against the bandwidth roofline\n\n| model | weights | phase | batch | context | weight MB | median ms | tokens/s | roofline ms | % of roofline | effective GB/s | rel err vs batch 1 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Decode and prefill against the bandwidth roofline\n\n| model | weights | matmul | phase | batch | context | weight MB | median ms | tokens/s | roofline ms | % of roofline | effective GB/s | rel err vs batch 1 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1}% | {:.1} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1}% | {:.1} | {} |",
             r.model,
             r.weights,
+            r.matmul,
             r.phase,
             r.batch,
             r.context,

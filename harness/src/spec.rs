@@ -131,6 +131,10 @@ pub const DECODE_GRID_KEYS: &[(&str, &str)] = &[
         "weights",
         "native | f32 | f16 | q8_0 | q4_0 | q4_1 | sym4g32 ...",
     ),
+    (
+        "matmul",
+        "fused | fused:act=q8 (int8 activations; skipped for formats it does not take)",
+    ),
     ("batch", "sequences decoded per step"),
     ("context", "prompt tokens before the timed steps"),
     ("steps", "timed decode steps"),

@@ -60,7 +60,7 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     if variant == MatVecVariant::FusedQ8 {
         if !BlockPlan::for_format(format).is_some_and(|p| q8act::supports(&p)) {
             return Err(KernelError::Unsupported(format!(
-                "act=q8 takes 4- or 8-bit codes in groups of 32k without a separate minimum (q4_0, q8_0, sym/asym 4 and 8), not {format}"
+                "act=q8 takes 4- or 8-bit codes in groups of 32k (q4_0, q4_1, q8_0, sym/asym 4 and 8), not {format}"
             )));
         }
         if !q8act::available() {

@@ -167,8 +167,9 @@ fn bad_calls_are_errors() {
     assert!(matmul(&m, &[1.0; 64], 2, &mut y, MatVecVariant::Dequant).is_err());
     let e = matmul(&m, &[1.0; 32], 1, &mut y, MatVecVariant::Faer).unwrap_err();
     assert!(e.to_string().contains("faer multiplies f32 weights"), "{e}");
-    let q41 = QuantMatrix::quantize(WeightFormat::Q4_1, 2, 32, &[0.5; 64]).unwrap();
-    let e = matmul(&q41, &[1.0; 32], 1, &mut y, MatVecVariant::FusedQ8).unwrap_err();
+    let sym3 =
+        QuantMatrix::quantize(WeightFormat::parse("sym3g32").unwrap(), 2, 32, &[0.5; 64]).unwrap();
+    let e = matmul(&sym3, &[1.0; 32], 1, &mut y, MatVecVariant::FusedQ8).unwrap_err();
     assert!(e.to_string().contains("act=q8"), "{e}");
     assert!(
         QuantMatrix::quantize(WeightFormat::parse("sym4g30").unwrap(), 1, 32, &[0.0; 32]).is_err()

@@ -12,6 +12,10 @@
 //! mask or shift, a convert and an FMA per 16 weights; this one a mask or shift and two dot
 //! instructions per 32.
 //!
+//! Q4_1's additive minimum m (w = d·c + m) contributes m·Σx per block; with the quantised
+//! activation that is m·d_x·Σq, and d_x·Σq is computed once per 32-value chunk with the
+//! activation (`Q8Activation::sum`), so each row adds one scalar product per block.
+//!
 //! The product is exact for the quantised activation: the result equals the f64 product of the
 //! dequantised weights with `activation_as_seen(x)` within f32 rounding, and its distance from
 //! the product with x itself is the activation quantisation error, reported separately.
@@ -36,12 +40,10 @@ pub fn available() -> bool {
     }
 }
 
-/// Whether `plan`'s format fits: 4-bit or 8-bit codes in groups of whole 32-value chunks, and
-/// no separate additive term (Q4_1's min is not supported here).
+/// Whether `plan`'s format fits: 4-bit or 8-bit codes in groups of whole 32-value chunks
+/// (Q4_1's minimum included).
 pub fn supports(plan: &BlockPlan) -> bool {
-    matches!(plan.bits, 4 | 8)
-        && plan.values.is_multiple_of(32)
-        && !matches!(plan.header, Header::ScaleMin)
+    matches!(plan.bits, 4 | 8) && plan.values.is_multiple_of(32)
 }
 
 /// An activation quantised per 32 values: codes in the order the weights' codes come in.
@@ -51,18 +53,22 @@ pub struct Q8Activation {
     pub q: Vec<i8>,
     /// Scale of each 32-value chunk.
     pub d: Vec<f32>,
+    /// d · Σq of each 32-value chunk: the chunk's sum as the kernel sees it.
+    pub sum: Vec<f32>,
 }
 
 /// Quantises `x` (a multiple of 32 long) for `plan`.
 pub fn quantize_activation(plan: &BlockPlan, x: &[f32]) -> Q8Activation {
     let mut q = Vec::with_capacity(x.len());
     let mut d = vec![];
+    let mut sum = vec![];
     for chunk in x.chunks(32) {
         let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let scale = amax / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let codes: Vec<i8> = chunk.iter().map(|&v| (v * inv).round() as i8).collect();
         d.push(scale);
+        sum.push(scale * codes.iter().map(|&c| c as i32).sum::<i32>() as f32);
         q.extend(codes);
     }
     // 4-bit codes arrive as 16 low nibbles then 16 high nibbles per 32 values.
@@ -72,7 +78,7 @@ pub fn quantize_activation(plan: &BlockPlan, x: &[f32]) -> Q8Activation {
     } else {
         q
     };
-    Q8Activation { q, d }
+    Q8Activation { q, d, sum }
 }
 
 /// What the kernel multiplies instead of x: d·q per value, in natural order.
@@ -108,14 +114,14 @@ pub unsafe fn rows_dot_q8<const R: usize>(
         assert!(r.len() >= nblocks * plan.bytes);
     }
     let ptrs = rows.map(|r| r.as_ptr());
-    use super::{ScaleOnly, ScaleZeroByte};
+    use super::{ScaleMinF16, ScaleOnly, ScaleZeroByte};
     use crate::format::ScaleType;
     macro_rules! go {
         ($h:ty) => {
             match (plan.bits, plan.signed8) {
-                (4, _) => impl_q8::<$h, 4, false, R>(plan, ptrs, nblocks, act),
-                (_, true) => impl_q8::<$h, 8, true, R>(plan, ptrs, nblocks, act),
-                _ => impl_q8::<$h, 8, false, R>(plan, ptrs, nblocks, act),
+                (4, _) => impl_q8::<$h, 4, false, false, R>(plan, ptrs, nblocks, act),
+                (_, true) => impl_q8::<$h, 8, true, false, R>(plan, ptrs, nblocks, act),
+                _ => impl_q8::<$h, 8, false, false, R>(plan, ptrs, nblocks, act),
             }
         };
     }
@@ -124,13 +130,20 @@ pub unsafe fn rows_dot_q8<const R: usize>(
         Header::Scale(ScaleType::F32) => go!(ScaleOnly<true>),
         Header::ScaleZero(ScaleType::F16) => go!(ScaleZeroByte<false>),
         Header::ScaleZero(ScaleType::F32) => go!(ScaleZeroByte<true>),
-        Header::ScaleMin => unreachable!("supports() excludes Q4_1"),
+        // Q4_1: 4-bit codes, w = d·c + m.
+        Header::ScaleMin => impl_q8::<ScaleMinF16, 4, false, true, R>(plan, ptrs, nblocks, act),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
-unsafe fn impl_q8<H: Affine, const BITS: u32, const SIGNED: bool, const R: usize>(
+unsafe fn impl_q8<
+    H: Affine,
+    const BITS: u32,
+    const SIGNED: bool,
+    const MIN: bool,
+    const R: usize,
+>(
     plan: &BlockPlan,
     rows: [*const u8; R],
     nblocks: usize,
@@ -141,14 +154,17 @@ unsafe fn impl_q8<H: Affine, const BITS: u32, const SIGNED: bool, const R: usize
     let nib = _mm256_set1_epi8(0x0F);
     let flip = _mm256_set1_epi8(-128);
     let mut acc = [_mm256_setzero_ps(); R];
+    // Σ m·(d_x·Σq) per row, for Q4_1's minimum.
+    let mut acc_min = [0.0f32; R];
     let ahead = R * nblocks * bytes;
     for blk in 0..nblocks {
         let mut scale = [0.0f32; R];
+        let mut min = [0.0f32; R];
         let mut offset = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let p = rows[r].add(blk * bytes);
             _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(ahead + blk * bytes) as *const i8);
-            scale[r] = H::affine(p).0;
+            (scale[r], min[r]) = H::affine(p);
             // Signed Q8_0 codes are flipped to unsigned (c + 128) below.
             let off = plan.offset as i32 + H::zero(p) + if SIGNED { 128 } else { 0 };
             offset[r] = _mm256_set1_epi8(off as u8 as i8);
@@ -157,6 +173,12 @@ unsafe fn impl_q8<H: Affine, const BITS: u32, const SIGNED: bool, const R: usize
             let at = blk * values + c * 32;
             let xq = _mm256_loadu_si256(act.q.as_ptr().add(at) as *const __m256i);
             let dx = *act.d.get_unchecked(at / 32);
+            if MIN {
+                let sx = *act.sum.get_unchecked(at / 32);
+                for r in 0..R {
+                    acc_min[r] += min[r] * sx;
+                }
+            }
             for r in 0..R {
                 let p = rows[r].add(blk * bytes + header + c * chunk_bytes);
                 let codes = if BITS == 4 {
@@ -184,7 +206,7 @@ unsafe fn impl_q8<H: Affine, const BITS: u32, const SIGNED: bool, const R: usize
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        out[r] = _mm_cvtss_f32(s);
+        out[r] = _mm_cvtss_f32(s) + acc_min[r];
     }
     out
 }
