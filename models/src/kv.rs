@@ -47,14 +47,13 @@ impl KvPools {
     /// of the sequence with block table `table`.
     pub fn write(&mut self, li: usize, table: &[u32], slots: &[usize], k: &[f32], v: &[f32]) {
         let layout = self.layout;
-        let (hd, bs) = (layout.head_dim, layout.block_size);
+        let hd = layout.head_dim;
         let pool = &mut self.layers[li];
         for (dst, src) in [(&mut pool.k, k), (&mut pool.v, v)] {
             let dst = f32s(dst);
             for (row, &pos) in src.chunks(layout.kv_heads * hd).zip(slots) {
-                let block = table[pos / bs] as usize;
                 for (h, head) in row.chunks(hd).enumerate() {
-                    let at = layout.offset(block, h, pos % bs);
+                    let at = layout.position_offset(table, h, pos);
                     dst[at..at + hd].copy_from_slice(head);
                 }
             }
@@ -66,19 +65,23 @@ impl KvPools {
         paged_kernels::pool::gather(&self.layers[li], table, tokens)
     }
 
+    /// The K and V storage of every layer.
+    fn buffers(&mut self) -> impl Iterator<Item = &mut [f32]> {
+        self.layers
+            .iter_mut()
+            .flat_map(|pool| [&mut pool.k, &mut pool.v])
+            .map(f32s)
+    }
+
     /// Moves the K/V of position `from` to position `to` of one sequence in every layer
     /// (compacting an accepted draft path into place).
     pub fn move_position(&mut self, table: &[u32], from: usize, to: usize) {
         let l = self.layout;
-        let (bs, hd) = (l.block_size, l.head_dim);
-        for pool in &mut self.layers {
-            for buf in [&mut pool.k, &mut pool.v] {
-                let b = f32s(buf);
-                for h in 0..l.kv_heads {
-                    let src = l.offset(table[from / bs] as usize, h, from % bs);
-                    let dst = l.offset(table[to / bs] as usize, h, to % bs);
-                    b.copy_within(src..src + hd, dst);
-                }
+        for b in self.buffers() {
+            for h in 0..l.kv_heads {
+                let src = l.position_offset(table, h, from);
+                let dst = l.position_offset(table, h, to);
+                b.copy_within(src..src + l.head_dim, dst);
             }
         }
     }
@@ -87,15 +90,11 @@ impl KvPools {
     /// read of them (a rejected draft branch leaking into attention) poisons the output.
     pub fn poison_positions(&mut self, table: &[u32], from: usize, to: usize) {
         let l = self.layout;
-        let (bs, hd) = (l.block_size, l.head_dim);
-        for pool in &mut self.layers {
-            for buf in [&mut pool.k, &mut pool.v] {
-                let b = f32s(buf);
-                for pos in from..to {
-                    for h in 0..l.kv_heads {
-                        let at = l.offset(table[pos / bs] as usize, h, pos % bs);
-                        b[at..at + hd].fill(f32::NAN);
-                    }
+        for b in self.buffers() {
+            for pos in from..to {
+                for h in 0..l.kv_heads {
+                    let at = l.position_offset(table, h, pos);
+                    b[at..at + l.head_dim].fill(f32::NAN);
                 }
             }
         }
@@ -105,10 +104,8 @@ impl KvPools {
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = self.layout.block_elems();
         let (s, d) = (src as usize * n, dst as usize * n);
-        for pool in &mut self.layers {
-            for buf in [&mut pool.k, &mut pool.v] {
-                f32s(buf).copy_within(s..s + n, d);
-            }
+        for b in self.buffers() {
+            b.copy_within(s..s + n, d);
         }
     }
 }

@@ -4,7 +4,11 @@
 //! renormalised, one uniform draw from a seeded generator per token.
 
 use crate::llama::argmax;
-use kernel_common::{error::Result, inputs::rng, KernelError};
+use kernel_common::{
+    error::Result,
+    inputs::{pick, rng},
+    KernelError,
+};
 use rand::{rngs::StdRng, Rng};
 
 /// How tokens are chosen.
@@ -96,15 +100,7 @@ impl Sampler {
             return argmax(logits);
         }
         let p = self.probs(logits);
-        let mut u = self.rng.gen::<f64>();
-        for (i, &x) in p.iter().enumerate() {
-            if u < x as f64 {
-                return i as u32;
-            }
-            u -= x as f64;
-        }
-        // Rounding left u above the total: the last token with mass.
-        p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
+        pick(&p, self.rng.gen::<f64>()) as u32
     }
 }
 

@@ -12,6 +12,7 @@ use crate::kv::KvPools;
 use crate::llama::{argmax, Llama, Result, SeqChunk, TreeChunk};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::spec_draft::{DraftDist, Drafter};
+use kernel_common::inputs::pick;
 use kernel_common::KernelError;
 use spec_kernels::{verify_greedy, verify_stochastic, DraftTree, Proposal, TreeShape};
 use std::time::Instant;
@@ -127,16 +128,8 @@ fn children(
             use rand::Rng;
             let draws = (0..k)
                 .map(|_| {
-                    let mut u: f32 = sampler.rng().gen();
-                    let mut pick = q.iter().rposition(|&x| x > 0.0).unwrap_or(0);
-                    for (i, &x) in q.iter().enumerate() {
-                        if u < x {
-                            pick = i;
-                            break;
-                        }
-                        u -= x;
-                    }
-                    (pick as u32, q[pick] as f64)
+                    let t = pick(q, sampler.rng().gen::<f32>() as f64);
+                    (t as u32, q[t] as f64)
                 })
                 .collect();
             (draws, Proposal::Sampled(q.clone()))

@@ -42,6 +42,19 @@ pub fn normal_buffer_par(seed: u64, dtype: DType, len: usize) -> Buffer {
     Buffer::from_f32(dtype, &values)
 }
 
+/// The index a uniform `u` in [0, Σ weights) falls on when the weights are laid end to end
+/// in index order (one categorical draw); rounding that leaves `u` past the end picks the last
+/// index with weight.
+pub fn pick(weights: &[f32], mut u: f64) -> usize {
+    for (i, &w) in weights.iter().enumerate() {
+        if u < w as f64 {
+            return i;
+        }
+        u -= w as f64;
+    }
+    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0)
+}
+
 /// Mixes a base seed with a case index into an independent seed (SplitMix64 finaliser).
 pub fn derive_seed(seed: u64, index: u64) -> u64 {
     let mut z = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -53,6 +66,17 @@ pub fn derive_seed(seed: u64, index: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pick_walks_the_cumulative_weights() {
+        let w = [0.25f32, 0.0, 0.5, 0.25];
+        assert_eq!(pick(&w, 0.0), 0);
+        assert_eq!(pick(&w, 0.2499), 0);
+        assert_eq!(pick(&w, 0.25), 2, "a zero weight is never picked");
+        assert_eq!(pick(&w, 0.9), 3);
+        assert_eq!(pick(&w, 1.5), 3, "past the end: the last index with weight");
+        assert_eq!(pick(&[0.5, 0.5, 0.0], 1.0), 1);
+    }
 
     #[test]
     fn same_seed_same_values_and_no_zeros() {

@@ -54,6 +54,17 @@ impl PoolLayout {
         ((block * self.kv_heads + head) * self.block_size + slot) * self.head_dim
     }
 
+    /// Element offset of sequence position `pos` of KV head `head`, through the sequence's
+    /// block table.
+    #[inline(always)]
+    pub fn position_offset(&self, table: &[u32], head: usize, pos: usize) -> usize {
+        self.offset(
+            table[pos / self.block_size] as usize,
+            head,
+            pos % self.block_size,
+        )
+    }
+
     /// Logical blocks needed for `tokens` tokens.
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size)
@@ -161,9 +172,7 @@ fn append_typed<T: Element>(
     let d = layout.head_dim;
     for h in 0..layout.kv_heads {
         for t in 0..n_new {
-            let pos = start + t;
-            let block = table[pos / layout.block_size] as usize;
-            let dst = layout.offset(block, h, pos % layout.block_size);
+            let dst = layout.position_offset(table, h, start + t);
             let src = (h * n_new + t) * d;
             pool[dst..dst + d].copy_from_slice(&new[src..src + d]);
         }
@@ -214,7 +223,7 @@ pub fn gather(pool: &KvPool, table: &[u32], tokens: usize) -> Result<(Buffer, Bu
         with_buffer!(&mut out, o => {
             for h in 0..layout.kv_heads {
                 for t in 0..tokens {
-                    let off = layout.offset(table[t / layout.block_size] as usize, h, t % layout.block_size);
+                    let off = layout.position_offset(table, h, t);
                     for e in 0..d {
                         o[(h * tokens + t) * d + e] = Element::from_f32(element_f32(buf, off + e));
                     }

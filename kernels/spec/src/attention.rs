@@ -115,7 +115,7 @@ pub fn tree_attention(
         let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
         o.iter_mut().for_each(|x| *x = 0.0);
         let mut visit = |pos: usize| {
-            let at = l.offset(table[pos / l.block_size] as usize, kvh, pos % l.block_size);
+            let at = l.position_offset(table, kvh, pos);
             let score = dot_plain(qv, &k[at..at + d]) * shape.scale;
             if score > m {
                 let c = (m - score).exp();
@@ -172,7 +172,7 @@ pub fn tree_attention_reference(
             let qv = &q[(r * shape.q_heads + h) * d..][..d];
             let rows: Vec<usize> = visible
                 .iter()
-                .map(|&pos| l.offset(table[pos / l.block_size] as usize, kvh, pos % l.block_size))
+                .map(|&pos| l.position_offset(table, kvh, pos))
                 .collect();
             let scores: Vec<f64> = rows
                 .iter()

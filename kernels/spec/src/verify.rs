@@ -14,6 +14,7 @@
 //! distributed exactly as the target's.
 
 use crate::tree::DraftTree;
+use kernel_common::inputs::pick;
 use rand::Rng;
 
 /// What a node's children were proposed from.
@@ -61,17 +62,10 @@ pub fn verify_greedy(tree: &DraftTree, tokens: &[u32], logits: &[f32], vocab: us
     }
 }
 
+/// One draw from `p`, which need not be normalised (a residual).
 fn draw(p: &[f32], rng: &mut impl Rng) -> u32 {
     let total: f64 = p.iter().map(|&x| x as f64).sum();
-    let mut u = rng.gen::<f64>() * total;
-    for (i, &x) in p.iter().enumerate() {
-        if u < x as f64 {
-            return i as u32;
-        }
-        u -= x as f64;
-    }
-    // Rounding left u at the top: the last token with mass.
-    p.iter().rposition(|&x| x > 0.0).unwrap_or(0) as u32
+    pick(p, rng.gen::<f64>() * total) as u32
 }
 
 /// Lossless stochastic verification. `probs` is nodes × vocab: the target's distribution
