@@ -11,6 +11,8 @@ pub mod check;
 pub mod check_moe;
 /// `harness check --family quant`: product variants on random formats and edge cases.
 pub mod check_quant;
+/// `harness check --family spec`: tree attention vs its f64 reference.
+pub mod check_spec;
 /// The harness error type (one line, exit 2).
 pub mod error;
 /// `harness exp`: grid runner streaming rows to CSV.

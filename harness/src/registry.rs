@@ -8,7 +8,7 @@ use attention_kernels::AttentionKernel;
 use kernel_common::VariantSpec;
 
 /// Families `harness check --family` knows.
-pub const FAMILIES: &[&str] = &["attention", "paged", "quant", "moe"];
+pub const FAMILIES: &[&str] = &["attention", "paged", "quant", "moe", "spec"];
 
 /// The kernel for `spec` (`flash2:br=64`, `paged:bs=16,split=auto`, ...).
 pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
@@ -74,6 +74,9 @@ pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
     }
     for (n, d) in moe_kernels::VARIANTS {
         out.push(("moe", *n, *d));
+    }
+    for (n, d) in spec_kernels::VARIANTS {
+        out.push(("spec", *n, *d));
     }
     out
 }

@@ -11,6 +11,12 @@ pub mod tree;
 /// Greedy and lossless stochastic verification.
 pub mod verify;
 
+/// Names and one-line descriptions of this crate's variants, for `harness list`.
+pub const VARIANTS: &[(&str, &str)] = &[(
+    "tree",
+    "tree attention: queries of draft-tree nodes over the paged context and their own paths (online softmax); verification is greedy or lossless rejection sampling",
+)];
+
 pub use attention::{tree_attention, tree_attention_reference, TreeAttnShape, TreeContext};
 pub use tree::{DraftTree, TreeShape};
 pub use verify::{verify_greedy, verify_stochastic, Proposal, Verdict};
