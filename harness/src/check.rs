@@ -1,8 +1,7 @@
 //! `harness check`: every variant of a family on random shapes and on the DESIGN.md edge
 //! cases (odd lengths 54/97/577, kv_len 1, kv_heads 1 and = q_heads, block size 1, a pool of
-//! > 32768 blocks, NaN in unused pool slots; quant, moe and spec cases in `check_quant`, `check_moe`, `check_spec`),
-//! outputs
-//! NaN-poisoned before each run, compared
+//! > 32768 blocks, NaN in unused pool slots; quant, moe and spec cases in `check_quant`,
+//! `check_moe`, `check_spec`), outputs NaN-poisoned before each run, compared
 //! with the f64 reference under the per-dtype tolerance table; a table on stdout, every row in
 //! results/check/<run-id>.csv, exit 1 on any failure.
 
