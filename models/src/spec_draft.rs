@@ -43,8 +43,11 @@ pub struct ModelDrafter {
     label: String,
     kv: KvPools,
     table: Vec<u32>,
-    /// Committed tokens with K/V in the draft cache.
-    cached: usize,
+    /// The tokens whose K/V are in the draft cache, positions 0.. (a new sequence keeps only
+    /// the prefix it shares with them).
+    cached: Vec<u32>,
+    /// This round's tree tokens as of the last `expand`.
+    round: Vec<u32>,
     /// Turns logits into the draft distribution (the target's temperature, or 1 when greedy).
     probs: Sampler,
     /// Tree nodes whose K/V this round has written (levels are expanded in order, so these
@@ -73,7 +76,8 @@ impl ModelDrafter {
             table: (0..blocks as u32).collect(),
             model,
             label: label.into(),
-            cached: 0,
+            cached: vec![],
+            round: vec![],
             expanded: 0,
             probs: Sampler::new(SamplerConfig {
                 temperature,
@@ -93,20 +97,23 @@ impl Drafter for ModelDrafter {
     fn begin(&mut self, committed: &[u32]) -> Result<()> {
         self.expanded = 0;
         let upto = committed.len() - 1;
-        if self.cached > upto {
-            self.cached = 0; // a different sequence: start over
-        }
-        if self.cached < upto {
+        let shared = self
+            .cached
+            .iter()
+            .zip(&committed[..upto])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if shared < upto {
             let chunk = SeqChunk {
-                tokens: &committed[self.cached..upto],
-                start: self.cached,
+                tokens: &committed[shared..upto],
+                start: shared,
                 table: &self.table,
                 all_logits: false,
                 tree: None,
             };
             self.model.forward(&mut self.kv, &[chunk])?;
-            self.cached = upto;
         }
+        self.cached = committed[..upto].to_vec();
         Ok(())
     }
     fn expand(
@@ -117,9 +124,10 @@ impl Drafter for ModelDrafter {
     ) -> Result<Vec<DraftDist>> {
         let toks: Vec<u32> = nodes.iter().map(|&n| tokens[n]).collect();
         self.expanded = tree.len();
+        self.round = tokens.to_vec();
         let chunk = SeqChunk {
             tokens: &toks,
-            start: self.cached,
+            start: self.cached.len(),
             table: &self.table,
             all_logits: true,
             tree: Some(TreeChunk { tree, nodes }),
@@ -133,18 +141,18 @@ impl Drafter for ModelDrafter {
     fn accept(&mut self, _tree: &DraftTree, accepted: &[usize]) -> Result<()> {
         // The root sits at `cached`; accepted nodes move after it. Nodes the draft never ran
         // (the deepest level) are recomputed next round.
-        let ctx = self.cached;
-        let mut kept = 1;
+        let ctx = self.cached.len();
+        self.cached.push(self.round[0]);
         for (j, &node) in accepted.iter().enumerate() {
             if node >= self.expanded {
                 break;
             }
             self.kv.move_position(&self.table, ctx + node, ctx + 1 + j);
-            kept += 1;
+            self.cached.push(self.round[node]);
         }
+        let kept = self.cached.len() - ctx;
         self.kv
             .poison_positions(&self.table, ctx + kept, ctx + self.expanded.max(kept));
-        self.cached = ctx + kept;
         Ok(())
     }
 }

@@ -237,3 +237,30 @@ fn bad_speculation_requests_are_errors() {
     assert!(e.to_string().contains("exceed the context"), "{e}");
     assert!(TreeShape::parse("static:2,0").is_err());
 }
+
+#[test]
+fn one_drafter_serves_different_prompts() {
+    // The draft cache keeps only the prefix a new sequence shares with what it holds.
+    let target = model("tiny-gqa", None);
+    let mut d =
+        ModelDrafter::new(model("tiny-gqa", Some("q8_0")), "self:q8_0", 256, greedy()).unwrap();
+    let a: Vec<u32> = (0..30).map(|i| (i * 37 + 5) % 512).collect();
+    let mut b = a.clone();
+    b[20] = 7; // shares 20 tokens with a
+    let c: Vec<u32> = (0..9).map(|i| (i * 11 + 3) % 512).collect(); // shorter, shares nothing
+                                                                    // c first and short, so a, longer, starts with a cache shorter than itself but holding c.
+    for (prompt, n) in [(&c, 4), (&a, 24), (&b, 24), (&c, 24), (&a, 24)] {
+        let want = generate_plain(&target, prompt, n, None, greedy()).unwrap();
+        let out = generate(
+            &target,
+            &mut d,
+            prompt,
+            n,
+            None,
+            &cfg("chain:4", false, greedy()),
+        )
+        .unwrap();
+        assert_eq!(out.tokens, want);
+        assert!(out.stats.acceptance_rate() > 0.5, "{:?}", out.stats);
+    }
+}
