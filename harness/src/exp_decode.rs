@@ -140,11 +140,6 @@ pub fn run(
     let g = GridValues(&grid);
     let model_names = g.strings("model", &["tiny-gqa"]);
     let weights = g.strings("weights", &["f32"]);
-    for w in &weights {
-        if w != "native" {
-            WeightFormat::parse(w)?;
-        }
-    }
     let matmuls = g
         .strings("matmul", &["fused"])
         .iter()
@@ -158,6 +153,29 @@ pub fn run(
         .iter()
         .map(|m| resolve_model(m))
         .collect::<Result<Vec<_>>>()?;
+    // Every model, length and weight format is checked before results/ is touched.
+    for (name, path) in model_names.iter().zip(&paths) {
+        let cfg = load(path, &LoadOptions::default())?.model.cfg;
+        if let Some(p) = prefill.iter().find(|&&p| p == 0 || p > cfg.context) {
+            return Err(HarnessError::Usage(format!(
+                "prefill_tokens {p} is outside 1..={} ({name}'s context)",
+                cfg.context
+            )));
+        }
+        if context + steps + 1 > cfg.context {
+            return Err(HarnessError::Usage(format!(
+                "context {context} + {steps} steps exceed {name}'s context of {}",
+                cfg.context
+            )));
+        }
+        for w in weights.iter().filter(|w| *w != "native") {
+            let f = WeightFormat::parse(w)?;
+            for cols in [cfg.d_model, cfg.q_dim(), cfg.d_ff] {
+                f.validate(cols)
+                    .map_err(|e| HarnessError::Usage(format!("weights {w} for {name}: {e}")))?;
+            }
+        }
+    }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bw = run.roof.read_gbps;
     let total = model_names.len() * weights.len() * matmuls.len() * (batches.len() + prefill.len());
@@ -231,12 +249,6 @@ pub fn run(
                     bar.inc(1);
                 }
                 for &p in &prefill {
-                    if p == 0 || p > m.cfg.context {
-                        return Err(HarnessError::Usage(format!(
-                            "prefill_tokens {p} is outside 1..={} (the model's context)",
-                            m.cfg.context
-                        )));
-                    }
                     bar.set_message(format!("{name} {w}: prefill {p}"));
                     let ids = prompt(0, p, m.cfg.vocab);
                     let mut samples = vec![];

@@ -133,42 +133,45 @@ pub fn run(
     })?;
     let block_size = g.one("block_size", "16", "a positive integer", |n: usize| n > 0)?;
     let kv_blocks = g.one("kv_blocks", "512", "a positive integer", |n: usize| n > 0)?;
-    let paths = model_names
-        .iter()
-        .map(|m| resolve_model(m))
-        .collect::<Result<Vec<_>>>()?;
+    let opts_load = LoadOptions {
+        attention: "paged".into(),
+        ..LoadOptions::default()
+    };
+    let workload = |rate: f64, vocab: usize| Workload {
+        requests,
+        prompt_mean,
+        output_mean,
+        sigma: 0.8,
+        max_new,
+        system_prompt: 0,
+        max_prompt: 4 * prompt_mean.ceil() as usize,
+        rate,
+        vocab,
+        seed: opts.seed,
+    };
+    let cfg = |mode| SchedulerConfig {
+        mode,
+        max_batch,
+        token_budget,
+        num_blocks: kv_blocks,
+        block_size,
+        prefix_sharing: false,
+    };
+    // Every model loads and accepts the workload before results/ is touched.
+    let mut loaded = vec![];
+    for name in &model_names {
+        let model = load(&resolve_model(name)?, &opts_load)?.model;
+        let w = workload(0.0, model.cfg.vocab);
+        w.validate().map_err(HarnessError::Usage)?;
+        Engine::new(&model, cfg(modes[0].1))?.submit(w.requests())?;
+        loaded.push((name, model));
+    }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bar = progress_bar(model_names.len() * (1 + modes.len() * loads.len()));
-    for (name, path) in model_names.iter().zip(&paths) {
-        let opts_load = LoadOptions {
-            attention: "paged".into(),
-            ..LoadOptions::default()
-        };
-        let model = load(path, &opts_load)?.model;
-        let workload = |rate: f64| Workload {
-            requests,
-            prompt_mean,
-            output_mean,
-            sigma: 0.8,
-            max_new,
-            system_prompt: 0,
-            max_prompt: 4 * prompt_mean.ceil() as usize,
-            rate,
-            vocab: model.cfg.vocab,
-            seed: opts.seed,
-        };
-        workload(0.0).validate().map_err(HarnessError::Usage)?;
-        let cfg = |mode| SchedulerConfig {
-            mode,
-            max_batch,
-            token_budget,
-            num_blocks: kv_blocks,
-            block_size,
-            prefix_sharing: false,
-        };
+    for (name, model) in &loaded {
         let serve = |mode, rate: f64| -> Result<(Engine, f64)> {
-            let mut e = Engine::new(&model, cfg(mode))?;
-            e.submit(workload(rate).requests())?;
+            let mut e = Engine::new(model, cfg(mode))?;
+            e.submit(workload(rate, model.cfg.vocab).requests())?;
             let t = Instant::now();
             e.run(|_| {})?;
             Ok((e, t.elapsed().as_secs_f64()))
@@ -197,7 +200,7 @@ pub fn run(
                 run.writer.write(&ServingRow {
                     run_id: run.run_id.clone(),
                     experiment: spec.name.clone(),
-                    model: name.clone(),
+                    model: name.to_string(),
                     mode: label.clone(),
                     load,
                     rate_rps: rate,

@@ -106,8 +106,8 @@ pub fn run(
             ))),
         })
         .collect::<Result<_>>()?;
+    // Model, prompts and every drafter are set up before results/ is touched.
     let path = resolve_model(&model_name)?;
-    let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let loaded = load(&path, &models::LoadOptions::default())?;
     let tok = loaded.tokenizer.as_ref().ok_or_else(|| {
         HarnessError::Usage(format!(
@@ -115,78 +115,93 @@ pub fn run(
         ))
     })?;
     let target = &loaded.model;
-    let bar =
-        progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
-    let mut failures = 0;
+    let encoded = prompts
+        .iter()
+        .map(|p| Ok((p, tok.encode(prompt_text(p)?)?)))
+        .collect::<Result<Vec<_>>>()?;
     let max_nodes = trees.iter().map(|t| t.max_nodes()).max().unwrap_or(1);
+    let longest = encoded.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let capacity = longest + max_new + max_nodes + 1;
+    if capacity > target.cfg.context {
+        return Err(HarnessError::Usage(format!(
+            "a {longest}-token prompt + max_new {max_new} + a {max_nodes}-node tree exceed the context of {}",
+            target.cfg.context
+        )));
+    }
+    let mut drafters_at = vec![];
     for d in &drafters {
         for &temp in &temps {
-            let sampler = SamplerConfig {
-                temperature: temp as f32,
-                top_k: 0,
-                top_p: 1.0,
-                seed: opts.seed,
-            };
             let args = GenerateArgs {
                 model: path.clone(),
                 temperature: temp as f32,
                 seed: opts.seed,
                 ..GenerateArgs::defaults()
             };
-            for p in &prompts {
-                let ids = tok.encode(prompt_text(p)?)?;
-                let capacity = ids.len() + max_new + max_nodes + 1;
-                let mut drafter = drafter(&args, target, d, capacity)?;
-                bar.set_message(format!("{d} T={temp} {p}: plain"));
+            drafters_at.push((d, temp, drafter(&args, target, d, capacity)?));
+        }
+    }
+    let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
+    let bar =
+        progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
+    let mut failures = 0;
+    for (d, temp, drafter) in &mut drafters_at {
+        let (d, temp) = (*d, *temp);
+        let sampler = SamplerConfig {
+            temperature: temp as f32,
+            top_k: 0,
+            top_p: 1.0,
+            seed: opts.seed,
+        };
+        for (p, ids) in &encoded {
+            bar.set_message(format!("{d} T={temp} {p}: plain"));
+            let t0 = Instant::now();
+            let plain = generate_plain(target, ids, max_new, None, sampler)?;
+            let plain_s = t0.elapsed().as_secs_f64();
+            for (shape, &adapt) in trees
+                .iter()
+                .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
+            {
+                bar.set_message(format!("{d} T={temp} {p}: {}", shape.label()));
+                let cfg = SpecConfig {
+                    shape: shape.clone(),
+                    adaptive: adapt,
+                    threshold: 0.7,
+                    sampler,
+                };
                 let t0 = Instant::now();
-                let plain = generate_plain(target, &ids, max_new, None, sampler)?;
-                let plain_s = t0.elapsed().as_secs_f64();
-                for (shape, &adapt) in trees
-                    .iter()
-                    .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
-                {
-                    bar.set_message(format!("{d} T={temp} {p}: {}", shape.label()));
-                    let cfg = SpecConfig {
-                        shape: shape.clone(),
-                        adaptive: adapt,
-                        threshold: 0.7,
-                        sampler,
-                    };
-                    let t0 = Instant::now();
-                    let out = generate(target, drafter.as_mut(), &ids, max_new, None, &cfg)?;
-                    let spec_s = t0.elapsed().as_secs_f64();
-                    let st = &out.stats;
-                    let ok = temp > 0.0 || out.tokens == plain;
-                    failures += usize::from(!ok);
-                    run.writer.write(&SpecRow {
-                        run_id: run.run_id.clone(),
-                        experiment: spec.name.clone(),
-                        model: model_name.clone(),
-                        drafter: d.clone(),
-                        tree: shape.label(),
-                        shape_kind: shape.label().split(':').next().unwrap_or("").into(),
-                        depth: shape.max_depth(),
-                        max_nodes: shape.max_nodes(),
-                        adaptive: adapt,
-                        mean_depth_limit: st.depths.iter().sum::<usize>() as f64
-                            / st.depths.len().max(1) as f64,
-                        temperature: temp,
-                        prompt: p.clone(),
-                        new_tokens: out.tokens.len(),
-                        plain_tok_s: plain.len() as f64 / plain_s,
-                        spec_tok_s: out.tokens.len() as f64 / spec_s,
-                        speedup: plain_s / spec_s * out.tokens.len() as f64 / plain.len() as f64,
-                        acceptance_rate: st.acceptance_rate(),
-                        tokens_per_pass: st.tokens_per_pass(),
-                        target_passes: st.rounds,
-                        nodes_per_pass: st.nodes_scored as f64 / st.rounds.max(1) as f64,
-                        draft_ms: st.draft_s * 1e3,
-                        verify_ms: st.verify_s * 1e3,
-                        draft_share: st.draft_s / (st.draft_s + st.verify_s).max(1e-12),
-                        status: if ok { "ok" } else { "fail" }.into(),
-                    })?;
-                    bar.inc(1);
-                }
+                let out = generate(target, drafter.as_mut(), ids, max_new, None, &cfg)?;
+                let spec_s = t0.elapsed().as_secs_f64();
+                let st = &out.stats;
+                let ok = temp > 0.0 || out.tokens == plain;
+                failures += usize::from(!ok);
+                run.writer.write(&SpecRow {
+                    run_id: run.run_id.clone(),
+                    experiment: spec.name.clone(),
+                    model: model_name.clone(),
+                    drafter: d.clone(),
+                    tree: shape.label(),
+                    shape_kind: shape.label().split(':').next().unwrap_or("").into(),
+                    depth: shape.max_depth(),
+                    max_nodes: shape.max_nodes(),
+                    adaptive: adapt,
+                    mean_depth_limit: st.depths.iter().sum::<usize>() as f64
+                        / st.depths.len().max(1) as f64,
+                    temperature: temp,
+                    prompt: p.to_string(),
+                    new_tokens: out.tokens.len(),
+                    plain_tok_s: plain.len() as f64 / plain_s,
+                    spec_tok_s: out.tokens.len() as f64 / spec_s,
+                    speedup: plain_s / spec_s * out.tokens.len() as f64 / plain.len() as f64,
+                    acceptance_rate: st.acceptance_rate(),
+                    tokens_per_pass: st.tokens_per_pass(),
+                    target_passes: st.rounds,
+                    nodes_per_pass: st.nodes_scored as f64 / st.rounds.max(1) as f64,
+                    draft_ms: st.draft_s * 1e3,
+                    verify_ms: st.verify_s * 1e3,
+                    draft_share: st.draft_s / (st.draft_s + st.verify_s).max(1e-12),
+                    status: if ok { "ok" } else { "fail" }.into(),
+                })?;
+                bar.inc(1);
             }
         }
     }

@@ -154,7 +154,10 @@ pub const SPEC_GRID_KEYS: &[(&str, &str)] = &[
         "drafter",
         "ngram[:N] | self:FORMAT | self-layers:N | a preset or checkpoint",
     ),
-    ("tree", "chain:K | static:B1,B2,... | dynamic:N"),
+    (
+        "tree",
+        "chain:K | static:B1,B2,... (in --set: static:B1/B2/...) | dynamic:N",
+    ),
     ("temperature", "0 (greedy) or a sampling temperature"),
     ("prompt", "prose | code | repetitive"),
     ("max_new", "tokens generated per run (one value)"),

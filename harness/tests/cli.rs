@@ -370,6 +370,56 @@ fn bad_quant_grids_are_one_line() {
 }
 
 #[test]
+fn bad_pipeline_experiments_write_nothing() {
+    // Models, drafters, lengths and formats are checked before results/ is touched.
+    let s = Setup::new("bad_pipeline");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    for name in ["batching", "decode_roofline", "spec_tree", "kv_alloc"] {
+        let file = format!("{name}.toml");
+        fs::copy(repo.join(&file), s.exps.join(&file)).unwrap();
+    }
+    let quick = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut a = vec!["exp", "--quick"];
+        a.extend_from_slice(extra);
+        a
+    };
+    s.expect_usage_error(&quick(&["batching", "--set", "model=nosuch"]), "nosuch");
+    s.expect_usage_error(&quick(&["batching", "--set", "mode=fifo"]), "fifo");
+    s.expect_usage_error(&quick(&["batching", "--set", "kv_blocks=2"]), "KV blocks");
+    s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "prefill_tokens=999999"]),
+        "prefill_tokens",
+    );
+    s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "weights=sym4g48"]),
+        "sym4g48",
+    );
+    s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "context=5000"]),
+        "context",
+    );
+    s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "matmul=bogus"]),
+        "bogus",
+    );
+    s.expect_usage_error(
+        &quick(&["kv_alloc", "--set", "budget_tokens=1500"]),
+        "budget",
+    );
+    s.expect_usage_error(
+        &quick(&["spec_tree", "--set", "tree=static:3/0"]),
+        "static:3/0",
+    );
+    s.expect_usage_error(&quick(&["spec_tree", "--set", "prompt=poem"]), "poem");
+    s.expect_usage_error(&quick(&["spec_tree", "--set", "adaptive=maybe"]), "maybe");
+    // These two need the fetched model (the spec experiment runs on SmolLM2 only).
+    if models::smollm2_path().exists() {
+        s.expect_usage_error(&quick(&["spec_tree", "--set", "drafter=nosuch"]), "nosuch");
+        s.expect_usage_error(&quick(&["spec_tree", "--set", "max_new=9000"]), "context");
+    }
+}
+
+#[test]
 fn bad_moe_grids_are_one_line() {
     let s = Setup::new("bad_moe");
     s.expect_usage_error(&["exp", "tinymoe", "--set", "top_k=0"], "top_k");

@@ -179,7 +179,7 @@ pub enum TreeShape {
 }
 
 impl TreeShape {
-    /// `chain:4`, `static:3,2,1`, `dynamic:16`.
+    /// `chain:4`, `static:3,2,1` (or `static:3/2/1`), `dynamic:16`.
     pub fn parse(text: &str) -> Result<TreeShape> {
         let bad = || {
             KernelError::Unsupported(format!(
@@ -187,8 +187,9 @@ impl TreeShape {
             ))
         };
         let (kind, rest) = text.split_once(':').ok_or_else(bad)?;
+        // '/' as well as ',': `harness exp --set` splits its values at commas.
         let nums: Vec<usize> = rest
-            .split(',')
+            .split([',', '/'])
             .map(|v| v.trim().parse::<usize>().ok().filter(|&n| n > 0))
             .collect::<Option<_>>()
             .ok_or_else(bad)?;
@@ -284,6 +285,10 @@ mod tests {
         assert_eq!(t.leaves().len(), 6);
         assert_eq!(t.height(), 3);
         assert_eq!(TreeShape::parse("static:3,2,1").unwrap().max_nodes(), 15);
+        assert_eq!(
+            TreeShape::parse("static:3/2/1").unwrap(),
+            TreeShape::parse("static:3,2,1").unwrap()
+        );
         assert_eq!(DraftTree::chain(4).path_to(4), vec![0, 1, 2, 3, 4]);
         for bad in [
             "static:3,0",
