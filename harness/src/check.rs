@@ -144,7 +144,11 @@ pub fn run(opts: &CheckOptions) -> Result<i32> {
         return Err(HarnessError::Usage("--cases must be at least 1".into()));
     }
     let probe = AttentionShape::new(1, 1, 1, 1, 1, 64, true);
-    let kernels: Vec<_> = ["naive", "flash2", "paged"]
+    let names = match opts.device {
+        Device::Cpu => ["naive", "flash2", "paged"],
+        Device::Cuda(_) => ["cuda_naive", "cuda_flash2", "cuda_paged"],
+    };
+    let kernels: Vec<_> = names
         .iter()
         .map(|v| registry::attention_kernel(v))
         .collect::<Result<_>>()?;
@@ -169,6 +173,9 @@ pub fn run(opts: &CheckOptions) -> Result<i32> {
         match family.as_str() {
             "attention" => check_attention(&mut ctx)?,
             "quant" => crate::check_quant::check_quant(&mut ctx)?,
+            "moe" if matches!(opts.device, Device::Cuda(_)) => {
+                crate::check_cuda::check_moe_cuda(&mut ctx)?
+            }
             "moe" => crate::check_moe::check_moe(&mut ctx)?,
             "spec" => crate::check_spec::check_spec(&mut ctx)?,
             _ => check_paged(&mut ctx)?,
@@ -227,7 +234,8 @@ fn check_attention(ctx: &mut Ctx) -> Result<()> {
     for (case, shape) in shapes.iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed, case as u64);
         let mut r = rng(seed);
-        let variants = [
+        let cuda = matches!(ctx.opts.device, Device::Cuda(_));
+        let cpu_variants = [
             "naive".to_string(),
             "flash2".to_string(),
             format!(
@@ -242,6 +250,16 @@ fn check_attention(ctx: &mut Ctx) -> Result<()> {
                 ["auto", "64", "7"][case % 3]
             ),
         ];
+        // On CUDA the same cases go to the CUDA variants (names prefixed `cuda_`).
+        let variants: Vec<String> = if cuda {
+            cpu_variants
+                .iter()
+                .filter(|v| !v.contains("br="))
+                .map(|v| format!("cuda_{v}"))
+                .collect()
+        } else {
+            cpu_variants.to_vec()
+        };
         for &dtype in &ctx.opts.dtypes {
             let inputs = AttentionInputs::random(shape, dtype, seed);
             let want = attention(shape, &inputs);
@@ -331,15 +349,26 @@ fn check_paged(ctx: &mut Ctx) -> Result<()> {
             let c = spec.build()?;
             let want = c.reference()?;
             let part = 1 + (spec.seed % 300) as usize;
+            let cuda = matches!(ctx.opts.device, Device::Cuda(_));
             for split in [SplitKv::Off, SplitKv::Auto, SplitKv::Tokens(part)] {
-                let outcome = c
-                    .decode(split)
+                let got = if cuda {
+                    paged_kernels::cuda::paged_decode_cuda(&c.shape, &c.batch, &c.pool, &c.q, split)
+                        .map(|b| b.to_f32())
+                } else {
+                    c.decode(split)
+                };
+                let outcome = got
                     .map(|got| ErrorStats::compare(&got, &want))
                     .map_err(|e| e.to_string());
+                let prefix = if cuda {
+                    "cuda_paged_decode"
+                } else {
+                    "paged_decode"
+                };
                 let name = match split {
-                    SplitKv::Off => "paged_decode".to_string(),
-                    SplitKv::Auto => "paged_decode:split=auto".to_string(),
-                    SplitKv::Tokens(n) => format!("paged_decode:split={n}"),
+                    SplitKv::Off => prefix.to_string(),
+                    SplitKv::Auto => format!("{prefix}:split=auto"),
+                    SplitKv::Tokens(n) => format!("{prefix}:split={n}"),
                 };
                 ctx.record("paged", case, &name, dtype, c.label(), spec.seed, outcome)?;
             }
@@ -355,7 +384,16 @@ fn check_paged(ctx: &mut Ctx) -> Result<()> {
                 true,
             );
             let inputs = AttentionInputs::random(&shape, dtype, spec.seed);
-            let (pool, batch) = build_pool(&shape, &inputs, spec.block_size, spec.seed)?;
+            let (pool, batch) = if cuda {
+                crate::check_cuda::build_pool_on_device(
+                    &shape,
+                    &inputs,
+                    spec.block_size,
+                    spec.seed,
+                )?
+            } else {
+                build_pool(&shape, &inputs, spec.block_size, spec.seed)?
+            };
             let per = shape.kv_heads * kv_len * shape.head_dim;
             let mut exact = true;
             for (b, table) in batch.block_tables.iter().enumerate() {
@@ -372,7 +410,11 @@ fn check_paged(ctx: &mut Ctx) -> Result<()> {
             ctx.record(
                 "paged",
                 case,
-                "append_roundtrip",
+                if cuda {
+                    "cuda_append_roundtrip"
+                } else {
+                    "append_roundtrip"
+                },
                 dtype,
                 format!("kv{kv_len} bs{}", spec.block_size),
                 spec.seed,

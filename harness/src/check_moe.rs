@@ -16,13 +16,32 @@ use moe_kernels::{
 use rand::Rng;
 
 /// A case: the layer, its router skew, and an optional bias override (one hot expert).
-struct Case {
-    cfg: MoeConfig,
-    skew: f64,
-    hot_expert: Option<usize>,
+pub(crate) struct Case {
+    pub cfg: MoeConfig,
+    pub skew: f64,
+    pub hot_expert: Option<usize>,
 }
 
-fn cases(n: usize, seed: u64) -> Vec<Case> {
+impl Case {
+    /// The layer's weights (the hot-expert override applied) and its input.
+    pub fn inputs(&self, seed: u64) -> (MoeWeights, Vec<f32>) {
+        let c = &self.cfg;
+        let mut w = MoeWeights::random(c, self.skew, seed);
+        if let Some(hot) = self.hot_expert {
+            w.bias.iter_mut().for_each(|b| *b = 0.0);
+            w.bias[hot] = 80.0;
+        }
+        let x = normal_f32(&mut rng(seed ^ 1), c.tokens * c.d_model, 1.0);
+        (w, x)
+    }
+
+    /// Label for tables.
+    pub fn label(&self) -> String {
+        format!("{} s{:.2}", self.cfg.label(), self.skew)
+    }
+}
+
+pub(crate) fn cases(n: usize, seed: u64) -> Vec<Case> {
     let mut r = rng(seed ^ 0x30E);
     let mut out = vec![];
     for _ in 0..n {
@@ -111,13 +130,8 @@ pub(crate) fn check_moe(ctx: &mut Ctx) -> Result<()> {
     for (i, case) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let c = &case.cfg;
         let seed = derive_seed(ctx.opts.seed ^ 0x30E, i as u64);
-        let mut w = MoeWeights::random(c, case.skew, seed);
-        if let Some(hot) = case.hot_expert {
-            w.bias.iter_mut().for_each(|b| *b = 0.0);
-            w.bias[hot] = 80.0;
-        }
-        let x = normal_f32(&mut rng(seed ^ 1), c.tokens * c.d_model, 1.0);
-        let label = format!("{} s{:.2}", c.label(), case.skew);
+        let (w, x) = case.inputs(seed);
+        let label = case.label();
         let routing = route(c, &x, &w.router, &w.bias)?;
         let exact = route_reference(c, &x, &w.router, &w.bias)?;
         let probs: Vec<f32> = routing.probs.iter().map(|&p| p as f32).collect();

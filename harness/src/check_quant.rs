@@ -96,6 +96,11 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
         edge(f("q4_0"), 1, 32, 64, false),
         edge(f("sym7g5"), 3, 5, 1, false),
     ]);
+    // The CUDA GEMV's formats at its batch sizes (the CPU variants run them too).
+    for (i, format) in ["f16", "sym4g32", "q4_0", "q8_0"].into_iter().enumerate() {
+        out.push(edge(f(format), 257, 4096, [1, 3, 8, 2][i], i % 2 == 0));
+        out.push(edge(f(format), 5, 32, 8 - i, false));
+    }
     out
 }
 
@@ -124,6 +129,24 @@ pub(crate) fn check_quant(ctx: &mut Ctx) -> Result<()> {
         );
         let m = QuantMatrix::quantize(case.format, case.rows, case.cols, &w)?;
         let x = normal_f32(&mut rng(seed ^ 1), case.batch * case.cols, 1.0);
+        if matches!(ctx.opts.device, kernel_common::Device::Cuda(_)) {
+            let want = reference::matmul(&m, &x, case.batch);
+            let outcome = quant_kernels::cuda::gemv_cuda(&m, &x, case.batch)
+                .map(|y| ErrorStats::compare(&y, &want))
+                .map_err(|e| e.to_string());
+            let tol = tolerance(DType::F32).scaled_to(&want);
+            ctx.record_with(
+                "quant",
+                i,
+                "cuda_gemv",
+                DType::F32,
+                tol,
+                label,
+                seed,
+                outcome,
+            )?;
+            continue;
+        }
         for (name, variant) in VARIANTS {
             if supports(variant, case.format).is_err() {
                 continue;

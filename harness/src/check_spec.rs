@@ -105,10 +105,15 @@ pub(crate) fn check_spec(ctx: &mut Ctx) -> Result<()> {
         };
         let q = normal_buffer(&mut r, DType::F32, nodes.len() * c.q_heads * c.head_dim).to_f32();
         let want = tree_attention_reference(&shape, &at, &q)?;
-        let mut out = vec![f32::NAN; q.len()];
-        let outcome = tree_attention(&shape, &at, &q, &mut out)
-            .map(|_| ErrorStats::compare(&out, &want))
-            .map_err(|e| e.to_string());
+        let cuda = matches!(ctx.opts.device, kernel_common::Device::Cuda(_));
+        let outcome = if cuda {
+            spec_kernels::cuda::tree_attention_cuda(&shape, &at, &q)
+        } else {
+            let mut out = vec![f32::NAN; q.len()];
+            tree_attention(&shape, &at, &q, &mut out).map(|_| out)
+        }
+        .map(|out| ErrorStats::compare(&out, &want))
+        .map_err(|e| e.to_string());
         let label = format!(
             "h{}/{} d{} bs{} ctx{} tree{}{} (height {})",
             c.q_heads,
@@ -123,7 +128,7 @@ pub(crate) fn check_spec(ctx: &mut Ctx) -> Result<()> {
         ctx.record_with(
             "spec",
             i,
-            "tree",
+            if cuda { "cuda_tree" } else { "tree" },
             DType::F32,
             tolerance(DType::F32).scaled_to(&want),
             label,

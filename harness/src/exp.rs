@@ -38,17 +38,29 @@ pub const DEFAULT_REPS: usize = 5;
 /// Runs the experiment; returns the exit code (1 when a variant gave a wrong answer).
 pub fn run(opts: &ExpOptions) -> Result<i32> {
     // Everything that can be wrong with the request is found before results/ is touched.
-    let (spec, spec_path) = ExperimentSpec::load(&opts.experiments_dir, &opts.name)?;
+    let (mut spec, spec_path) = ExperimentSpec::load(&opts.experiments_dir, &opts.name)?;
+    let cuda = matches!(opts.device, Device::Cuda(_));
+    if let (true, Some(limits)) = (cuda, spec.cuda_limits.clone()) {
+        spec.limits = limits;
+    }
     let sets = opts
         .sets
         .iter()
         .map(|s| parse_set(s))
         .collect::<Result<Vec<_>>>()?;
     let grid = spec.resolve_grid(opts.quick, &sets)?;
-    let names = if opts.variants.is_empty() {
-        spec.variants.clone()
-    } else {
+    let names = if !opts.variants.is_empty() {
         opts.variants.clone()
+    } else if cuda {
+        if spec.cuda_variants.is_empty() {
+            return Err(HarnessError::Usage(format!(
+                "experiment '{}' names no cuda_variants; give them with --variant cuda_...",
+                spec.name
+            )));
+        }
+        spec.cuda_variants.clone()
+    } else {
+        spec.variants.clone()
     };
     let reps = opts.reps.or(spec.reps).unwrap_or(DEFAULT_REPS);
     if reps == 0 {
@@ -75,6 +87,7 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
         .iter()
         .map(|v| registry::attention_kernel(v))
         .collect::<Result<Vec<_>>>()?;
+    registry::require_variant_devices(&names, opts.device)?;
     crate::require_device(
         opts.device,
         kernels
@@ -226,8 +239,19 @@ impl RunFiles {
         spec_path: &std::path::Path,
         grid: std::collections::BTreeMap<String, Vec<String>>,
     ) -> Result<RunFiles> {
-        eprintln!("measuring this machine's roofline for this run (a few seconds)");
-        let roof = roofline::measure_and_record(&opts.results_dir)?;
+        let roof = match opts.device {
+            Device::Cuda(n) => {
+                eprintln!(
+                    "measuring {}'s copy bandwidth and bf16 GEMM rate for this run",
+                    opts.device
+                );
+                roofline::measure_cuda_and_record(&opts.results_dir, n)?.0
+            }
+            Device::Cpu => {
+                eprintln!("measuring this machine's roofline for this run (a few seconds)");
+                roofline::measure_and_record(&opts.results_dir)?
+            }
+        };
         let run_id = machine::run_id(if opts.quick { "quick" } else { "" });
         let dir = opts.results_dir.join(&spec.name);
         std::fs::create_dir_all(&dir)
@@ -484,9 +508,13 @@ impl<'a> PointRunner<'a> {
         row.nmse = Some(stats.nmse);
         row.checked_rows = rows.len();
         let passed = unwritten == 0 && stats.passes(&tolerance(dtype));
-        match time_reps(reps, self.limits.seconds_per_point, flusher, || {
-            prepared.run(&mut out)
-        }) {
+        let timed = match prepared.time_on_device(reps) {
+            Some(device_times) => device_times.map(|samples| crate::measure::Timing { samples }),
+            None => time_reps(reps, self.limits.seconds_per_point, flusher, || {
+                prepared.run(&mut out)
+            }),
+        };
+        match timed {
             Ok(t) => {
                 let median = t.median();
                 row.reps = t.samples.len();

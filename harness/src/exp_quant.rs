@@ -197,10 +197,12 @@ pub fn run(
         .collect::<Result<Vec<_>>>()?;
     crate::require_device(
         opts.device,
-        std::iter::once(Err(KernelError::Unsupported(
-            "the quant family has no CUDA implementation yet".into(),
-        ))),
+        variants.iter().map(|(name, v)| match v {
+            MatVecVariant::Cuda => Ok(()),
+            _ => Err(KernelError::Unsupported(format!("{name} runs on the CPU"))),
+        }),
     )?;
+    crate::registry::require_variant_devices(names, opts.device)?;
     let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
     let bar = progress_bar(qgrid.rows(&variants));
     let mut flusher = CacheFlusher::new();
@@ -347,6 +349,15 @@ fn time_interleaved(
         .collect();
     let budget = limits.seconds_per_point * live as f64;
     let mut spent = 0.0;
+    // CUDA rows: the kernel alone, resident data, CUDA events (after a warm-up).
+    for (i, (_, timed)) in point.iter().enumerate() {
+        if let Some((m, MatVecVariant::Cuda)) = timed {
+            match quant_kernels::cuda::DeviceGemv::new(m, x, batch).and_then(|mut g| g.time(reps)) {
+                Ok(t) => samples[i] = t,
+                Err(e) => errors[i] = Some(e.to_string()),
+            }
+        }
+    }
     for round in 0..reps.max(1) {
         if round >= 3 && spent > budget {
             break;
@@ -355,6 +366,9 @@ fn time_interleaved(
             let (Some((m, variant)), None) = (timed, &errors[i]) else {
                 continue;
             };
+            if *variant == MatVecVariant::Cuda {
+                continue;
+            }
             let t = time_reps(1, f64::INFINITY, flusher, || {
                 quant_kernels::matmul(m, x, batch, &mut ys[i], *variant)
             });

@@ -7,6 +7,8 @@ pub mod alloc;
 pub mod case_file;
 /// `harness check`: every variant against the f64 reference on random and edge cases.
 pub mod check;
+/// `check --device cuda`: the MoE kernels stage by stage and the device-built paged pool.
+pub mod check_cuda;
 /// `harness check --family moe`: router and expert variants on random layers and edge cases.
 pub mod check_moe;
 /// `harness check --family quant`: product variants on random formats and edge cases.
@@ -51,7 +53,7 @@ pub mod roofline;
 pub mod spec;
 
 use error::{HarnessError, Result};
-use kernel_common::{probe_cuda, Device};
+use kernel_common::Device;
 
 #[global_allocator]
 static GLOBAL: alloc::CountingAlloc = alloc::CountingAlloc;
@@ -70,7 +72,9 @@ pub fn require_device(
     mut supports: impl Iterator<Item = kernel_common::error::Result<()>>,
 ) -> Result<()> {
     if let Device::Cuda(n) = device {
-        probe_cuda(n)?;
+        // Driver, device and NVRTC, each missing one named in one line; opens the context
+        // that the CUDA variants use.
+        kernel_common::cuda::CudaRuntime::get(n)?;
         if !supports.any(|s| s.is_ok()) {
             return Err(HarnessError::Usage(format!(
                 "{device} is present but no variant asked for has a CUDA implementation yet; use --device cpu"
@@ -78,4 +82,16 @@ pub fn require_device(
         }
     }
     Ok(())
+}
+
+/// Every family's CUDA sources, in family order: what the CI compile check compiles.
+pub fn cuda_sources() -> Vec<kernel_common::cuda::KernelSource> {
+    vec![
+        attention_kernels::cuda::SOURCE,
+        paged_kernels::cuda::SOURCE,
+        moe_kernels::cuda::SOURCE,
+        quant_kernels::cuda::SOURCE,
+        spec_kernels::cuda::SOURCE,
+        kernel_common::cuda::roofline::SOURCE,
+    ]
 }

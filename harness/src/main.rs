@@ -231,14 +231,18 @@ fn run(cli: Cli) -> Result<i32> {
             replace,
         } => {
             let device = Device::parse(&device)?;
-            if device != Device::Cpu {
-                kernel_common::probe_cuda(match device {
-                    Device::Cuda(n) => n,
-                    Device::Cpu => 0,
-                })?;
-                return Err(HarnessError::Usage(
-                    "the CUDA roofline comes with the CUDA backend; use --device cpu".into(),
-                ));
+            if let Device::Cuda(n) = device {
+                let (fresh, path) = roofline::measure_cuda_and_record(&cli.results_dir, n)?;
+                println!(
+                    "{} ({} SMs): device-to-device copy {:.0} GB/s (read + write), bf16 GEMM {:.0} GFLOP/s ({}) -> {}",
+                    fresh.cpu_model,
+                    fresh.threads,
+                    fresh.read_gbps,
+                    fresh.fma_gflops,
+                    fresh.fma_isa,
+                    path.display()
+                );
+                return Ok(0);
             }
             set_threads(threads)?;
             let fresh = roofline::measure();

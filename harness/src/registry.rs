@@ -5,7 +5,7 @@
 
 use crate::error::{HarnessError, Result};
 use attention_kernels::AttentionKernel;
-use kernel_common::VariantSpec;
+use kernel_common::{Device, VariantSpec};
 
 /// Families `harness check --family` knows.
 pub const FAMILIES: &[&str] = &["attention", "paged", "quant", "moe", "spec"];
@@ -79,4 +79,16 @@ pub fn all_variants() -> Vec<(&'static str, &'static str, &'static str)> {
         out.push(("spec", *n, *d));
     }
     out
+}
+
+/// Fails with one line when a variant asked for cannot run on `device`: `cuda_*` variants
+/// need `--device cuda`, the others run on the CPU.
+pub fn require_variant_devices(names: &[String], device: Device) -> Result<()> {
+    let cuda = matches!(device, Device::Cuda(_));
+    match names.iter().find(|n| n.starts_with("cuda_") != cuda) {
+        Some(name) => Err(HarnessError::Usage(format!(
+            "variant {name} does not run on {device} (cuda_* variants need --device cuda, the others run on the CPU)"
+        ))),
+        None => Ok(()),
+    }
 }

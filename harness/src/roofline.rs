@@ -244,6 +244,79 @@ pub fn stored(results: &Path) -> Option<Roofline> {
     serde_json::from_str(&std::fs::read_to_string(path(results)).ok()?).ok()
 }
 
+/// Bytes of the device copy (each copy reads and writes this much).
+pub const CUDA_COPY_BYTES: usize = 2 << 30;
+/// n of the n×n×n bf16 GEMM.
+pub const CUDA_GEMM_N: usize = 8192;
+
+/// CUDA device `ordinal`'s ceilings as a `Roofline`: `read_gbps` is a 2 GiB device-to-device
+/// copy's bytes read plus written per second, `fma_gflops` the bf16 rate of the workbench's
+/// own tensor-core GEMM (roofline.cu: mma.sync, not cuBLAS, so a lower bound on the chip's);
+/// `cpu_model` names the GPU and `threads` counts its multiprocessors.
+pub fn measure_cuda(ordinal: usize) -> Result<Roofline> {
+    use kernel_common::cuda::{roofline as dev, CudaRuntime};
+    let rt = CudaRuntime::get(ordinal)?;
+    let read_gbps = dev::copy_gbps(&rt, CUDA_COPY_BYTES, 20)?;
+    let gemm = dev::gemm_bf16_gflops(&rt, CUDA_GEMM_N, 10, 0x600F)?;
+    let now = machine::now_rfc3339();
+    Ok(Roofline {
+        machine: format!("cuda-{}", slug(&rt.name)),
+        cpu_model: rt.name.clone(),
+        threads: rt.sm_count,
+        read_gbps,
+        fma_gflops: gemm.gflops,
+        fma_isa: format!(
+            "bf16 mma.sync.m16n8k16, workbench GEMM {n}x{n}x{n} (sampled rel. err {:.1e})",
+            gemm.max_rel_err,
+            n = CUDA_GEMM_N
+        ),
+        read_measured_at: now.clone(),
+        fma_measured_at: now,
+        method: format!(
+            "CUDA events, median: 20 device-to-device copies of {} MiB (read + write bytes); 10 bf16 GEMMs on seeded normal data, checked on 64 sampled entries first",
+            CUDA_COPY_BYTES >> 20
+        ),
+    })
+}
+
+fn slug(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.to_lowercase().chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    out.trim_matches('-').to_string()
+}
+
+/// Where a device's roofline is stored.
+pub fn cuda_path(results: &Path, roof: &Roofline) -> PathBuf {
+    results
+        .join("roofline")
+        .join(format!("{}.json", roof.machine))
+}
+
+/// Measures device `ordinal` now, folds it into its stored best-seen file, returns the
+/// fresh measurement and the file.
+pub fn measure_cuda_and_record(results: &Path, ordinal: usize) -> Result<(Roofline, PathBuf)> {
+    let fresh = measure_cuda(ordinal)?;
+    let p = cuda_path(results, &fresh);
+    let best = match std::fs::read_to_string(&p)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Roofline>(&t).ok())
+    {
+        Some(old) => old.best_of(fresh.clone()),
+        None => fresh.clone(),
+    };
+    std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
+        .map_err(HarnessError::io("creating results/roofline"))?;
+    std::fs::write(&p, serde_json::to_string_pretty(&best)? + "\n")
+        .map_err(HarnessError::io(format!("writing {}", p.display())))?;
+    Ok((fresh, p))
+}
+
 /// Measures this machine now and folds the result into its stored best-seen file; returns
 /// the fresh measurement, the limit a run started now is compared with.
 pub fn measure_and_record(results: &Path) -> Result<Roofline> {

@@ -202,11 +202,17 @@ pub struct ExperimentSpec {
     pub claims: Vec<String>,
     pub family: String,
     pub variants: Vec<String>,
+    /// The variants `--device cuda` runs when no `--variant` is given.
+    #[serde(default)]
+    pub cuda_variants: Vec<String>,
     pub grid: BTreeMap<String, Vec<toml::Value>>,
     #[serde(default)]
     pub quick: BTreeMap<String, Vec<toml::Value>>,
     #[serde(default)]
     pub limits: Limits,
+    /// Limits that replace `limits` under `--device cuda` (a GPU's memory and speed).
+    #[serde(default)]
+    pub cuda_limits: Option<Limits>,
     #[serde(default)]
     pub reps: Option<usize>,
     pub plot: PlotSpec,

@@ -4,6 +4,8 @@
 
 /// Optimised CPU variants: naive materialised-scores attention and FlashAttention-2 tiling.
 pub mod cpu;
+/// CUDA variants (NVRTC-compiled `attention.cu`): naive and FlashAttention-2.
+pub mod cuda;
 /// The f64 oracle with materialised scores.
 pub mod reference;
 /// `AttentionShape`, its validation and its FLOP/byte model.
@@ -73,6 +75,12 @@ macro_rules! with_qkvo {
 pub trait PreparedAttention {
     /// Computes the attention output into `out` (`[batch, q_heads, q_len, head_dim]`).
     fn run(&mut self, out: &mut Buffer) -> Result<()>;
+    /// Seconds of each of `reps` timed calls measured on the device, for variants whose
+    /// `run` also copies the output back (CUDA: the kernels only, between CUDA events, after
+    /// a warm-up); `None` means the harness times `run` on the host.
+    fn time_on_device(&mut self, _reps: usize) -> Option<Result<Vec<f64>>> {
+        None
+    }
 }
 
 /// One attention variant. Implementations do no I/O and print nothing.
@@ -158,6 +166,14 @@ pub const VARIANTS: &[(&str, &str)] = &[
         "flash2",
         "FlashAttention-2: Br×Bc tiles, online softmax, one final 1/l; params br, bc, gemm (mm | faer)",
     ),
+    (
+        "cuda_naive",
+        "CUDA: scores materialised in f32 (one thread per score), row softmax, P·V; --device cuda",
+    ),
+    (
+        "cuda_flash2",
+        "CUDA FlashAttention-2: 64-row blocks, 64-key tiles, m16n8k16 tensor-core MMAs, f16/bf16, head_dim 64|128; --device cuda",
+    ),
 ];
 
 /// Builds a variant of this crate from its spec, or `None` when the name is not ours.
@@ -187,6 +203,18 @@ pub fn kernel_from_spec(spec: &VariantSpec) -> Result<Option<Box<dyn AttentionKe
                 spec.get("bc", cpu::flash2::DEFAULT_BC)?,
                 gemm,
             )?)
+        }
+        "cuda_naive" => {
+            spec.only(&[])?;
+            Box::new(cuda::CudaAttention {
+                algo: cuda::CudaAlgo::Naive,
+            })
+        }
+        "cuda_flash2" => {
+            spec.only(&[])?;
+            Box::new(cuda::CudaAttention {
+                algo: cuda::CudaAlgo::Flash2,
+            })
         }
         _ => return Ok(None),
     }))

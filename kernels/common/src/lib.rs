@@ -4,6 +4,8 @@
 
 /// Minimum-traffic byte/FLOP accounting used for GB/s, GFLOP/s and % of roofline.
 pub mod cost;
+/// NVRTC compilation, ptxas resource reports, launch arithmetic and the CUDA runtime.
+pub mod cuda;
 /// The CPU/CUDA device enum and the driver probe (cudarc panics without a driver).
 pub mod device;
 /// Storage dtypes (f32, f16, bf16) and the typed buffer every kernel reads and writes.
@@ -24,6 +26,7 @@ pub mod simd;
 pub mod variant;
 
 pub use cost::Cost;
+pub use cudarc;
 pub use device::{probe_cuda, CudaInfo, Device};
 pub use dtype::{Buffer, DType, Element};
 pub use error::KernelError;

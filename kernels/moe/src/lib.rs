@@ -3,6 +3,9 @@
 //! combine, routing statistics (load per expert, drops, imbalance, the busiest 20%'s share,
 //! Switch's balance loss) and a skew knob for the router — for claims C13–C15.
 
+/// CUDA router top-k, capacity, dispatch and combine (`moe.cu`).
+pub mod cuda;
+
 /// The layer descriptor: sizes, top-k, weight normalisation, capacity, drop policy.
 pub mod config;
 /// Expert computation given the routing: naive per token, grouped per expert.

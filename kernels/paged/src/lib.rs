@@ -3,6 +3,9 @@
 //! new K/V into the pool, paged decode attention for q_len 1..=MAX_Q_LEN, and split-KV
 //! decoding (FlashDecoding: partial results with their log-sum-exp, then a reduction).
 
+/// CUDA paged decode, split-KV reduction and append (`paged.cu`).
+pub mod cuda;
+
 /// The paged variants as `AttentionKernel`s, so experiments compare them with contiguous ones.
 pub mod adapter;
 /// Seeded random paged problems for tests, checks and benches.
@@ -23,20 +26,30 @@ use kernel_common::error::Result;
 use kernel_common::VariantSpec;
 
 /// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[(&str, &str)] = &[(
-    "paged",
-    "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto | tokens per partition)",
-)];
+pub const VARIANTS: &[(&str, &str)] = &[
+    (
+        "paged",
+        "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto | tokens per partition)",
+    ),
+    (
+        "cuda_paged",
+        "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split; head_dim 64|128; --device cuda",
+    ),
+];
 
 /// Builds a paged variant from its spec, or `None` when the name is not ours.
 pub fn kernel_from_spec(
     spec: &VariantSpec,
 ) -> Result<Option<Box<dyn attention_kernels::AttentionKernel>>> {
-    if spec.name != "paged" {
+    if spec.name != "paged" && spec.name != "cuda_paged" {
         return Ok(None);
     }
     spec.only(&["bs", "split"])?;
     let block_size = spec.get("bs", 16usize)?;
     let split = SplitKv::parse(spec.params.get("split").map_or("off", String::as_str))?;
-    Ok(Some(Box::new(PagedAttention::new(block_size, split)?)))
+    let cpu = PagedAttention::new(block_size, split)?;
+    if spec.name == "cuda_paged" {
+        return Ok(Some(Box::new(cuda::CudaPaged { block_size, split })));
+    }
+    Ok(Some(Box::new(cpu)))
 }

@@ -3,6 +3,9 @@
 //! llama.cpp writes them, and Y = X·Wᵀ fused with dequantisation (GEMV at batch 1, tiled GEMM
 //! above) against f32 and f16 weight baselines, with an f64 reference.
 
+/// CUDA dequantising GEMV (`quant.cu`).
+pub mod cuda;
+
 /// AVX-512 in-register decode + dot kernels.
 pub mod avx512;
 /// Weight formats and byte layouts.
@@ -41,6 +44,10 @@ pub const VARIANTS: &[(&str, &str)] = &[
         "faer",
         "library baseline, f32 weights only: one whole-matrix faer GEMM (its packing, rayon threads)",
     ),
+    (
+        "cuda_gemv",
+        "CUDA dequantising GEMV (one warp per output row, decode in registers): f16, sym4g32, q4_0, q8_0; batch ≤ 8; --device cuda",
+    ),
 ];
 
 /// The variant for `spec`, or `None` when the name is not ours.
@@ -71,6 +78,10 @@ pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<MatVecVariant>> {
                     "fused: isa must be auto or portable, got '{other}'"
                 ))),
             }
+        }
+        "cuda_gemv" => {
+            spec.only(&[])?;
+            Ok(Some(MatVecVariant::Cuda))
         }
         "dequant" => {
             spec.only(&[])?;

@@ -48,10 +48,16 @@ pub enum MatVecVariant {
     /// products (AVX-512 VNNI) against 4- or 8-bit codes (`avx512::q8act`); batch > 1 runs it
     /// per activation.
     FusedQ8,
+    /// The CUDA dequantising GEMV (`cuda_gemv`, quant.cu): f16, sym4g32, q4_0, q8_0 at batch
+    /// ≤ 8. `matmul` uploads, runs and downloads; experiments time the kernel alone.
+    Cuda,
 }
 
 /// Whether `variant` can multiply weights stored as `format`.
 pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
+    if variant == MatVecVariant::Cuda {
+        return crate::cuda::gemv_entry(format).map(|_| ());
+    }
     if variant == MatVecVariant::Faer && format != WeightFormat::F32 {
         return Err(KernelError::Unsupported(format!(
             "faer multiplies f32 weights, not {format}"
@@ -121,6 +127,10 @@ pub fn matmul(
     check(w, x, batch, y)?;
     supports(variant, w.format)?;
     match variant {
+        MatVecVariant::Cuda => {
+            y.copy_from_slice(&crate::cuda::gemv_cuda(w, x, batch)?);
+            Ok(())
+        }
         MatVecVariant::Faer => {
             let dense = f32_rows(w).ok_or_else(|| {
                 KernelError::BadBuffer("f32 weights are not 4-byte aligned".into())

@@ -43,7 +43,12 @@ fn f32_pool(pool: &KvPool) -> Result<(&[f32], &[f32])> {
     }
 }
 
-fn check(shape: &TreeAttnShape, at: &TreeContext, q: &[f32], out_len: usize) -> Result<()> {
+pub(crate) fn check(
+    shape: &TreeAttnShape,
+    at: &TreeContext,
+    q: &[f32],
+    out_len: usize,
+) -> Result<()> {
     let TreeContext {
         pool,
         table,

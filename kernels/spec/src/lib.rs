@@ -4,6 +4,9 @@
 //! and verification — greedy (longest path matching the target's argmax) and stochastic
 //! (multi-candidate recursive rejection sampling, lossless).
 
+/// CUDA tree attention (`spec.cu`).
+pub mod cuda;
+
 /// Tree attention over a paged KV cache, and its f64 reference.
 pub mod attention;
 /// Draft trees: one representation (parent per node), shapes, mask, positions.

@@ -1,0 +1,228 @@
+// attention.cu: contiguous attention on the GPU. Layouts as the CPU variants: q/out
+// [batch, q_heads, q_len, d], k/v [batch, kv_heads, kv_len, d]; GQA by index (query head h
+// reads KV head h / (q_heads / kv_heads)); causal queries are the last q_len positions.
+//
+// naive_*: "standard attention" in three launches with the scores materialised in f32
+//   (S = scale·QKᵀ masked → row softmax in place → O = P·V).
+// flash2_d{64,128}_*: FlashAttention-2 (Dao 2023) forward: a block of 4 warps owns 64 query
+//   rows (16 per warp, Q in registers), streams 64-key K/V tiles through shared memory, does
+//   S = Q·Kᵀ and O += P·V with m16n8k16 tensor-core MMAs (f16/bf16 operands, f32
+//   accumulators), an online softmax in the log2 domain per row, and one final 1/l.
+
+template <typename T>
+__device__ void naive_scores(const T* __restrict__ q, const T* __restrict__ k, float* __restrict__ s,
+                             int hq, int hkv, int lq, int lk, int d, int causal, float scale) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int i = blockIdx.y;
+    const int bh = blockIdx.z;
+    if (j >= lk) return;
+    const int b = bh / hq, h = bh % hq, hk = h / (hq / hkv);
+    const T* qr = q + ((size_t)bh * lq + i) * d;
+    const T* kr = k + (((size_t)b * hkv + hk) * lk + j) * d;
+    float acc = 0.0f;
+    for (int e = 0; e < d; ++e) acc += to_f32(qr[e]) * to_f32(kr[e]);
+    const bool visible = !causal || j <= lk - lq + i;
+    s[((size_t)bh * lq + i) * lk + j] = visible ? acc * scale : -CUDART_INF_F;
+}
+
+// One warp per score row: max, exp, sum, normalise in place.
+extern "C" __global__ void naive_softmax_f32(float* __restrict__ s, long long rows, int lk) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float* r = s + row * lk;
+    float m = -CUDART_INF_F;
+    for (int j = lane; j < lk; j += 32) m = fmaxf(m, r[j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < lk; j += 32) {
+        const float p = exp_neg(r[j] - m);
+        r[j] = p;
+        l += p;
+    }
+    l = warp_sum(l);
+    const float inv = 1.0f / l;
+    for (int j = lane; j < lk; j += 32) r[j] *= inv;
+}
+
+// One thread per output element (row, e): coalesced over e, P broadcast.
+template <typename T>
+__device__ void naive_pv(const float* __restrict__ p, const T* __restrict__ v, T* __restrict__ o,
+                         int hq, int hkv, int lq, int lk, int d) {
+    const int e = threadIdx.x;
+    const long long row = blockIdx.x;  // (b·hq + h)·lq + i
+    if (e >= d) return;
+    const long long bh = row / lq;
+    const int b = (int)(bh / hq), h = (int)(bh % hq), hk = h / (hq / hkv);
+    const float* pr = p + row * lk;
+    const T* vb = v + ((size_t)b * hkv + hk) * lk * d;
+    float acc = 0.0f;
+    for (int j = 0; j < lk; ++j) acc += pr[j] * to_f32(vb[(size_t)j * d + e]);
+    o[row * d + e] = from_f32<T>(acc);
+}
+
+#define NAIVE_ENTRIES(T, NAME)                                                                   \
+    extern "C" __global__ void naive_scores_##NAME(const T* q, const T* k, float* s, int hq,     \
+                                                   int hkv, int lq, int lk, int d, int causal,   \
+                                                   float scale) {                                \
+        naive_scores<T>(q, k, s, hq, hkv, lq, lk, d, causal, scale);                             \
+    }                                                                                            \
+    extern "C" __global__ void naive_pv_##NAME(const float* p, const T* v, T* o, int hq, int hkv, \
+                                               int lq, int lk, int d) {                          \
+        naive_pv<T>(p, v, o, hq, hkv, lq, lk, d);                                                \
+    }
+NAIVE_ENTRIES(float, f32)
+NAIVE_ENTRIES(__half, f16)
+NAIVE_ENTRIES(bf16, bf16)
+
+constexpr int FA_BR = 64;    // query rows per block (16 per warp)
+constexpr int FA_BC = 64;    // keys per tile
+constexpr int FA_PAD = 8;    // row padding of the shared tiles (16 bytes: no bank conflicts)
+
+template <typename T, int D>
+__device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                       T* __restrict__ o, int hq, int hkv, int lq, int lk, int causal,
+                       float scale) {
+    constexpr int LD = D + FA_PAD;
+    __shared__ __align__(16) T ks[FA_BC * LD];
+    __shared__ __align__(16) T vs[FA_BC * LD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.y;
+    const int b = bh / hq, h = bh % hq, hk = h / (hq / hkv);
+    const int row0 = blockIdx.x * FA_BR + warp * 16;
+    const T* qb = q + (size_t)bh * lq * D;
+    const T* kb = k + ((size_t)b * hkv + hk) * lk * D;
+    const T* vb = v + ((size_t)b * hkv + hk) * lk * D;
+    const int r_lo = row0 + g, r_hi = row0 + g + 8;
+
+    // Q as A fragments: rows g and g+8 of the warp's 16, dims kk·16 + 2·t4 (+8).
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int c = kk * 16 + t4 * 2;
+        qa[kk][0] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c) : 0u;
+        qa[kk][1] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c) : 0u;
+        qa[kk][2] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c + 8) : 0u;
+        qa[kk][3] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c + 8) : 0u;
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l[2] = {0.0f, 0.0f};
+    const int offset = lk - lq;  // causal: row i sits at position offset + i
+    const int last_row = min(lq, (int)blockIdx.x * FA_BR + FA_BR) - 1;
+    const int kend = causal ? min(lk, offset + last_row + 1) : lk;
+    const float sl2 = scale * 1.4426950408889634f;
+
+    for (int j0 = 0; j0 < kend; j0 += FA_BC) {
+        __syncthreads();  // the previous tile is no longer read
+        for (int c = threadIdx.x; c < FA_BC * D / 8; c += blockDim.x) {
+            const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (j0 + r < lk) {
+                kv = *reinterpret_cast<const uint4*>(kb + (size_t)(j0 + r) * D + col);
+                vv = *reinterpret_cast<const uint4*>(vb + (size_t)(j0 + r) * D + col);
+            }
+            *reinterpret_cast<uint4*>(ks + r * LD + col) = kv;
+            *reinterpret_cast<uint4*>(vs + r * LD + col) = vv;
+        }
+        __syncthreads();
+
+        // S = Q·Kᵀ: 16 rows × 64 keys per warp, as 8 n-tiles of 8 keys.
+        float s[FA_BC / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BC / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < FA_BC / 8; ++nt) {
+                const T* kr = ks + (nt * 8 + g) * LD + kk * 16 + t4 * 2;
+                u32 bf[2] = {load2(kr), load2(kr + 8)};
+                mma16816<T>(s[nt], qa[kk], bf);
+            }
+        }
+        // Scale into the log2 domain and mask (past kv_len; causal future).
+#pragma unroll
+        for (int nt = 0; nt < FA_BC / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
+                const int row = (e < 2) ? r_lo : r_hi;
+                const bool ok = key < lk && (!causal || key <= offset + row);
+                s[nt][e] = ok ? s[nt][e] * sl2 : -CUDART_INF_F;
+            }
+        }
+        // Online softmax per row (the 4 lanes of a quad share a row).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -CUDART_INF_F;
+#pragma unroll
+            for (int nt = 0; nt < FA_BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[r], mx);
+            const float corr = (m[r] == -CUDART_INF_F) ? 0.0f : exp2f(m[r] - mnew);
+            m[r] = mnew;
+            l[r] *= corr;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; ++nd) {
+                acc[nd][2 * r] *= corr;
+                acc[nd][2 * r + 1] *= corr;
+            }
+#pragma unroll
+            for (int nt = 0; nt < FA_BC / 8; ++nt) {
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                    const float p = (mnew == -CUDART_INF_F) ? 0.0f : exp2f(s[nt][e] - mnew);
+                    s[nt][e] = p;
+                    l[r] += p;
+                }
+            }
+        }
+        // O += P·V: P re-packed from C fragments into A fragments, V read transposed.
+#pragma unroll
+        for (int kk = 0; kk < FA_BC / 16; ++kk) {
+            u32 pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                         pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                         pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const int key = kk * 16 + t4 * 2;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; ++nd) {
+                const int dim = nd * 8 + g;
+                u32 bf[2] = {join2(vs[key * LD + dim], vs[(key + 1) * LD + dim]),
+                             join2(vs[(key + 8) * LD + dim], vs[(key + 9) * LD + dim])};
+                mma16816<T>(acc[nd], pa, bf);
+            }
+        }
+    }
+    // One final 1/l per row (the quad's partial sums first).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+    T* ob = o + (size_t)bh * lq * D;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+        const int c = nd * 8 + t4 * 2;
+        if (r_lo < lq)
+            *reinterpret_cast<u32*>(ob + (size_t)r_lo * D + c) = pack2<T>(acc[nd][0] * l[0], acc[nd][1] * l[0]);
+        if (r_hi < lq)
+            *reinterpret_cast<u32*>(ob + (size_t)r_hi * D + c) = pack2<T>(acc[nd][2] * l[1], acc[nd][3] * l[1]);
+    }
+}
+
+#define FLASH2_ENTRY(T, NAME, D)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128)                                            \
+        flash2_d##D##_##NAME(const T* q, const T* k, const T* v, T* o, int hq, int hkv, int lq,  \
+                             int lk, int causal, float scale) {                                  \
+        flash2<T, D>(q, k, v, o, hq, hkv, lq, lk, causal, scale);                                \
+    }
+FLASH2_ENTRY(__half, f16, 64)
+FLASH2_ENTRY(__half, f16, 128)
+FLASH2_ENTRY(bf16, bf16, 64)
+FLASH2_ENTRY(bf16, bf16, 128)

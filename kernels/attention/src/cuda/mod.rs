@@ -1,0 +1,330 @@
+//! CUDA variants of contiguous attention: `cuda_naive` (materialised scores, three launches)
+//! and `cuda_flash2` (FlashAttention-2 with m16n8k16 tensor-core MMAs), compiled from
+//! `attention.cu` by NVRTC at first use. Host side: launch plans (pure, unit-tested on the
+//! CPU) and the `AttentionKernel` implementations that upload in `prepare`, launch in `run`
+//! and time with CUDA events.
+
+use crate::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
+use kernel_common::cuda::{
+    blocks_for, dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch,
+};
+use kernel_common::error::Result;
+use kernel_common::{cuda_launch, Buffer, Cost, DType, Device, KernelError};
+use std::sync::Arc;
+
+/// `attention.cu` with its entry points.
+pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+    "attention",
+    "attention.cu",
+    &[
+        "naive_scores_f32",
+        "naive_scores_f16",
+        "naive_scores_bf16",
+        "naive_softmax_f32",
+        "naive_pv_f32",
+        "naive_pv_f16",
+        "naive_pv_bf16",
+        "flash2_d64_f16",
+        "flash2_d128_f16",
+        "flash2_d64_bf16",
+        "flash2_d128_bf16",
+    ]
+);
+
+/// Query rows per FlashAttention-2 block (4 warps × 16), as `FA_BR` in attention.cu.
+pub const FLASH2_BLOCK_ROWS: usize = 64;
+/// Threads per FlashAttention-2 block.
+pub const FLASH2_THREADS: usize = 128;
+/// Keys per block of the naive score kernel.
+const SCORES_THREADS: usize = 128;
+/// Head dims the tensor-core kernels are instantiated for.
+pub const CUDA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Which CUDA algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaAlgo {
+    /// Scores materialised in f32, softmax in place, P·V.
+    Naive,
+    /// FlashAttention-2 with tensor-core MMAs.
+    Flash2,
+}
+
+/// One kernel launch of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedLaunch {
+    pub entry: String,
+    pub launch: Launch,
+}
+
+/// The launches of one call, and the f32 score workspace (naive only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionPlan {
+    pub launches: Vec<PlannedLaunch>,
+    pub workspace_bytes: usize,
+}
+
+/// Plans one call of `algo` on `shape` in `dtype`, or says why it cannot run.
+pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<AttentionPlan> {
+    shape.validate()?;
+    let unsupported = |m: String| Err(KernelError::Unsupported(m));
+    let dt = dtype_suffix(dtype);
+    let heads = shape.batch * shape.q_heads;
+    match algo {
+        CudaAlgo::Flash2 => {
+            if dtype == DType::F32 {
+                return unsupported(
+                    "cuda_flash2 takes f16 or bf16 (tensor-core MMA operands)".into(),
+                );
+            }
+            if !CUDA_HEAD_DIMS.contains(&shape.head_dim) {
+                return unsupported(format!(
+                    "cuda_flash2 is built for head_dim 64 or 128, not {}",
+                    shape.head_dim
+                ));
+            }
+            let launch = Launch::new(
+                (blocks_for(shape.q_len, FLASH2_BLOCK_ROWS), heads, 1),
+                FLASH2_THREADS,
+                0,
+            )?;
+            Ok(AttentionPlan {
+                launches: vec![PlannedLaunch {
+                    entry: format!("flash2_d{}_{dt}", shape.head_dim),
+                    launch,
+                }],
+                workspace_bytes: 0,
+            })
+        }
+        CudaAlgo::Naive => {
+            if shape.head_dim > 1024 {
+                return unsupported(format!(
+                    "cuda_naive takes head_dim ≤ 1024, not {}",
+                    shape.head_dim
+                ));
+            }
+            let rows = heads * shape.q_len;
+            let scores = Launch::new(
+                (blocks_for(shape.kv_len, SCORES_THREADS), shape.q_len, heads),
+                SCORES_THREADS,
+                0,
+            )?;
+            let softmax = Launch::new((blocks_for(rows, 4), 1, 1), 128, 0)?;
+            let pv = Launch::new((rows, 1, 1), shape.head_dim.next_multiple_of(32), 0)?;
+            Ok(AttentionPlan {
+                launches: vec![
+                    PlannedLaunch {
+                        entry: format!("naive_scores_{dt}"),
+                        launch: scores,
+                    },
+                    PlannedLaunch {
+                        entry: "naive_softmax_f32".into(),
+                        launch: softmax,
+                    },
+                    PlannedLaunch {
+                        entry: format!("naive_pv_{dt}"),
+                        launch: pv,
+                    },
+                ],
+                workspace_bytes: rows * shape.kv_len * 4,
+            })
+        }
+    }
+}
+
+/// A CUDA attention variant for the registry (`cuda_naive`, `cuda_flash2`).
+#[derive(Debug, Clone, Copy)]
+pub struct CudaAttention {
+    pub algo: CudaAlgo,
+}
+
+impl CudaAttention {
+    fn label(&self) -> &'static str {
+        match self.algo {
+            CudaAlgo::Naive => "cuda_naive",
+            CudaAlgo::Flash2 => "cuda_flash2",
+        }
+    }
+}
+
+/// Fails unless `device` is a CUDA device.
+pub fn cuda_only(name: &str, device: Device) -> Result<()> {
+    match device {
+        Device::Cuda(_) => Ok(()),
+        Device::Cpu => Err(KernelError::Unsupported(format!(
+            "{name} runs on CUDA only (use --device cuda)"
+        ))),
+    }
+}
+
+impl AttentionKernel for CudaAttention {
+    fn name(&self) -> String {
+        self.label().into()
+    }
+    fn supports(&self, shape: &AttentionShape, dtype: DType, device: Device) -> Result<()> {
+        cuda_only(self.label(), device)?;
+        plan(self.algo, shape, dtype).map(|_| ())
+    }
+    fn cost(&self, shape: &AttentionShape, dtype: DType) -> Cost {
+        shape.io_cost(dtype)
+    }
+    /// Device memory for naive's f32 scores (the harness skips points over its limit).
+    fn workspace_bytes(&self, shape: &AttentionShape, _threads: usize) -> u64 {
+        plan(self.algo, shape, DType::F32).map_or(0, |p| p.workspace_bytes as u64)
+    }
+    fn prepare<'a>(
+        &'a self,
+        shape: &AttentionShape,
+        inputs: &'a AttentionInputs,
+    ) -> Result<Box<dyn PreparedAttention + 'a>> {
+        inputs.check(shape)?;
+        let dtype = inputs.dtype();
+        let plan = plan(self.algo, shape, dtype)?;
+        let rt = CudaRuntime::current()?;
+        let functions = plan
+            .launches
+            .iter()
+            .map(|l| rt.function(&SOURCE, &l.entry))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(PreparedCuda {
+            q: DeviceBuffer::upload(&rt, &inputs.q)?,
+            k: DeviceBuffer::upload(&rt, &inputs.k)?,
+            v: DeviceBuffer::upload(&rt, &inputs.v)?,
+            o: DeviceBuffer::poisoned(&rt, dtype, shape.q_elems())?,
+            scores: rt.zeros::<u8>(plan.workspace_bytes)?,
+            rt,
+            plan,
+            functions,
+            shape: *shape,
+        }))
+    }
+}
+
+struct PreparedCuda {
+    rt: Arc<CudaRuntime>,
+    plan: AttentionPlan,
+    functions: Vec<kernel_common::cudarc::driver::CudaFunction>,
+    shape: AttentionShape,
+    q: DeviceBuffer,
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    o: DeviceBuffer,
+    scores: kernel_common::cudarc::driver::CudaSlice<u8>,
+}
+
+impl PreparedCuda {
+    fn launch_all(&mut self) -> Result<()> {
+        let s = &self.shape;
+        let (hq, hkv) = (
+            int_arg("q_heads", s.q_heads)?,
+            int_arg("kv_heads", s.kv_heads)?,
+        );
+        let (lq, lk) = (int_arg("q_len", s.q_len)?, int_arg("kv_len", s.kv_len)?);
+        let d = int_arg("head_dim", s.head_dim)?;
+        let causal = s.causal as i32;
+        let scale = s.scale;
+        let rt = &self.rt;
+        for (planned, f) in self.plan.launches.iter().zip(&self.functions) {
+            let l = planned.launch;
+            if planned.entry.starts_with("flash2") {
+                cuda_launch!(
+                    rt,
+                    f,
+                    l,
+                    &self.q.bytes,
+                    &self.k.bytes,
+                    &self.v.bytes,
+                    &mut self.o.bytes,
+                    &hq,
+                    &hkv,
+                    &lq,
+                    &lk,
+                    &causal,
+                    &scale
+                )?;
+            } else if planned.entry.starts_with("naive_scores") {
+                cuda_launch!(
+                    rt,
+                    f,
+                    l,
+                    &self.q.bytes,
+                    &self.k.bytes,
+                    &mut self.scores,
+                    &hq,
+                    &hkv,
+                    &lq,
+                    &lk,
+                    &d,
+                    &causal,
+                    &scale
+                )?;
+            } else if planned.entry == "naive_softmax_f32" {
+                let rows = (s.batch * s.q_heads * s.q_len) as i64;
+                cuda_launch!(rt, f, l, &mut self.scores, &rows, &lk)?;
+            } else {
+                cuda_launch!(
+                    rt,
+                    f,
+                    l,
+                    &self.scores,
+                    &self.v.bytes,
+                    &mut self.o.bytes,
+                    &hq,
+                    &hkv,
+                    &lq,
+                    &lk,
+                    &d
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PreparedAttention for PreparedCuda {
+    fn run(&mut self, out: &mut Buffer) -> Result<()> {
+        self.launch_all()?;
+        self.rt.sync()?;
+        *out = self.o.download(&self.rt)?;
+        Ok(())
+    }
+
+    fn time_on_device(&mut self, reps: usize) -> Option<Result<Vec<f64>>> {
+        let rt = self.rt.clone();
+        Some(rt.time(reps, || self.launch_all()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flash2_plan_grid_and_refusals() {
+        let s = AttentionShape::new(2, 32, 8, 1000, 1000, 128, true);
+        let p = plan(CudaAlgo::Flash2, &s, DType::BF16).unwrap();
+        assert_eq!(p.launches.len(), 1);
+        assert_eq!(p.launches[0].entry, "flash2_d128_bf16");
+        assert_eq!(p.launches[0].launch.grid, (16, 64, 1));
+        assert_eq!(p.launches[0].launch.block, (128, 1, 1));
+        assert!(plan(CudaAlgo::Flash2, &s, DType::F32).is_err());
+        let odd = AttentionShape::new(1, 4, 4, 8, 8, 96, false);
+        assert!(plan(CudaAlgo::Flash2, &odd, DType::F16).is_err());
+    }
+
+    #[test]
+    fn naive_plan_covers_every_score_and_row() {
+        let s = AttentionShape::new(3, 8, 2, 5, 300, 64, true);
+        let p = plan(CudaAlgo::Naive, &s, DType::F16).unwrap();
+        let names: Vec<&str> = p.launches.iter().map(|l| l.entry.as_str()).collect();
+        assert_eq!(
+            names,
+            ["naive_scores_f16", "naive_softmax_f32", "naive_pv_f16"]
+        );
+        let scores = p.launches[0].launch;
+        assert!(scores.grid.0 as usize * scores.block.0 as usize >= 300);
+        assert_eq!((scores.grid.1, scores.grid.2), (5, 24));
+        assert_eq!(p.launches[1].launch.grid.0, 30); // 120 rows, 4 warps a block
+        assert_eq!(p.launches[2].launch.grid.0, 120);
+        assert_eq!(p.workspace_bytes, 120 * 300 * 4);
+    }
+}

@@ -1,0 +1,114 @@
+// prelude.cuh: prepended to every family's .cu by kernel_common::cuda_source!.
+// Storage types (f32, f16, bf16) widened to f32 for arithmetic, warp reductions, and the
+// m16n8k16 tensor-core MMA (f16/bf16 operands, f32 accumulators) as inline PTX.
+#ifndef WORKBENCH_EMULATE
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#endif
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Sum over `width` consecutive lanes (width a power of two ≤ 32).
+__device__ __forceinline__ float group_sum(float x, int width) {
+    for (int o = width >> 1; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// exp(x) for x ≤ 0 or -inf (-inf → 0), through exp2.
+__device__ __forceinline__ float exp_neg(float x) {
+    return x == -CUDART_INF_F ? 0.0f : exp2f(x * 1.4426950408889634f);
+}
+
+// Two f32 values packed into one register of two 16-bit operands (low half = first).
+template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&h);
+}
+template <> __device__ __forceinline__ u32 pack2<bf16>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&h);
+}
+
+// Two 16-bit values from memory as one register (they must be adjacent, 4-byte aligned).
+template <typename T> __device__ __forceinline__ u32 load2(const T* p) {
+    return *reinterpret_cast<const u32*>(p);
+}
+
+// Two non-adjacent 16-bit values packed into one register (low half = lo).
+template <typename T> __device__ __forceinline__ u32 join2(T lo, T hi) {
+    u16 a = *reinterpret_cast<u16*>(&lo);
+    u16 b = *reinterpret_cast<u16*>(&hi);
+    return (u32)a | ((u32)b << 16);
+}
+
+// D = A·B + C for one 16×8×16 tile: A row-major 16×16 (4 regs), B column-major 16×8
+// (2 regs), C/D 16×8 f32 (4 regs). Fragment layout of PTX ISA "mma.m16n8k16".
+template <typename T> __device__ __forceinline__ void mma16816(float* d, const u32* a, const u32* b);
+#ifdef WORKBENCH_EMULATE
+template <> inline void mma16816<__half>(float* d, const u32* a, const u32* b) { emu::mma<__half>(d, a, b); }
+template <> inline void mma16816<bf16>(float* d, const u32* a, const u32* b) { emu::mma<bf16>(d, a, b); }
+#else
+template <> __device__ __forceinline__ void mma16816<__half>(float* d, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma16816<bf16>(float* d, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+// 8 consecutive storage elements widened to f32 (16-byte loads for f16/bf16, two for f32).
+__device__ __forceinline__ void load8(const float* p, float* out) {
+    float4 a = *reinterpret_cast<const float4*>(p);
+    float4 b = *reinterpret_cast<const float4*>(p + 4);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+// The two 16-bit halves of a register widened to f32 (bit operations: no local memory).
+template <typename H> __device__ __forceinline__ float half_lo(u32 v);
+template <typename H> __device__ __forceinline__ float half_hi(u32 v);
+template <> __device__ __forceinline__ float half_lo<__half>(u32 v) { return __half2float(__ushort_as_half((u16)(v & 0xffffu))); }
+template <> __device__ __forceinline__ float half_hi<__half>(u32 v) { return __half2float(__ushort_as_half((u16)(v >> 16))); }
+template <> __device__ __forceinline__ float half_lo<bf16>(u32 v) { return __uint_as_float(v << 16); }
+template <> __device__ __forceinline__ float half_hi<bf16>(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+
+template <typename H> __device__ __forceinline__ void load8(const H* p, float* out) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    out[0] = half_lo<H>(raw.x); out[1] = half_hi<H>(raw.x);
+    out[2] = half_lo<H>(raw.y); out[3] = half_hi<H>(raw.y);
+    out[4] = half_lo<H>(raw.z); out[5] = half_hi<H>(raw.z);
+    out[6] = half_lo<H>(raw.w); out[7] = half_hi<H>(raw.w);
+}

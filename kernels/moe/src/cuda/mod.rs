@@ -1,0 +1,271 @@
+//! CUDA MoE routing and data movement: router (logits, softmax, top-k, weights), capacity
+//! positions, dispatch of token rows into expert slots and the weighted combine, compiled
+//! from `moe.cu`. Each call uploads, runs and downloads: the check compares every stage with
+//! the CPU on the same inputs.
+
+use crate::config::{DropPolicy, MoeConfig, WeightNorm};
+use kernel_common::cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes, i32_from_bytes};
+use kernel_common::cuda::{
+    blocks_for, dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch,
+};
+use kernel_common::error::Result;
+use kernel_common::{cuda_launch, Buffer, KernelError};
+
+/// `moe.cu` with its entry points.
+pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+    "moe",
+    "moe.cu",
+    &[
+        "moe_route_f32",
+        "moe_capacity_f32",
+        "moe_dispatch_f32",
+        "moe_combine_f32",
+        "moe_dispatch_f16",
+        "moe_combine_f16",
+        "moe_dispatch_bf16",
+        "moe_combine_bf16",
+    ]
+);
+
+/// Most experts the router kernel takes (`MAX_EXPERTS`).
+pub const MAX_EXPERTS: usize = 256;
+/// Most experts per token (one lane writes each weight).
+pub const MAX_TOP_K: usize = 32;
+/// Tokens per router block (one warp each).
+const ROUTE_WARPS: usize = 4;
+/// Assignments per capacity block.
+const CAPACITY_THREADS: usize = 256;
+
+/// The router's launch, or why the config does not fit the kernel.
+pub fn plan_route(cfg: &MoeConfig) -> Result<Launch> {
+    cfg.validate()?;
+    if cfg.experts > MAX_EXPERTS || cfg.top_k > MAX_TOP_K {
+        return Err(KernelError::Unsupported(format!(
+            "the CUDA router takes ≤ {MAX_EXPERTS} experts and top_k ≤ {MAX_TOP_K}, got {} and {}",
+            cfg.experts, cfg.top_k
+        )));
+    }
+    Launch::new(
+        (blocks_for(cfg.tokens, ROUTE_WARPS), 1, 1),
+        32 * ROUTE_WARPS,
+        0,
+    )
+}
+
+/// Slots per expert on the device: the capacity, or (dropless) every token.
+pub fn slots_per_expert(cfg: &MoeConfig) -> usize {
+    cfg.capacity_slots().unwrap_or(cfg.tokens)
+}
+
+/// What the router kernel returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceRouting {
+    /// Softmax probabilities `[tokens, experts]`.
+    pub probs: Vec<f32>,
+    /// Chosen experts `[tokens, top_k]`, best first.
+    pub experts: Vec<i32>,
+    /// Their probabilities.
+    pub gate_probs: Vec<f32>,
+    /// Combine weights.
+    pub weights: Vec<f32>,
+}
+
+/// The router on the device: x `[tokens, d_model]`, gate `[d_model, experts]`, bias `[experts]`.
+pub fn route_cuda(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Result<DeviceRouting> {
+    let launch = plan_route(cfg)?;
+    let (t, d, e, k) = (cfg.tokens, cfg.d_model, cfg.experts, cfg.top_k);
+    if x.len() != t * d || gate.len() != d * e || bias.len() != e {
+        return Err(KernelError::BadBuffer(format!(
+            "router inputs: x {} (want {}), gate {} (want {}), bias {} (want {e})",
+            x.len(),
+            t * d,
+            gate.len(),
+            d * e,
+            bias.len()
+        )));
+    }
+    let rt = CudaRuntime::current()?;
+    let f = rt.function(&SOURCE, "moe_route_f32")?;
+    let (xd, gd, bd) = (
+        rt.upload(&f32_bytes(x))?,
+        rt.upload(&f32_bytes(gate))?,
+        rt.upload(&f32_bytes(bias))?,
+    );
+    let nan = |n: usize| rt.upload(&f32_bytes(&vec![f32::NAN; n]));
+    let (mut probs, mut gp, mut w) = (nan(t * e)?, nan(t * k)?, nan(t * k)?);
+    let mut ex = rt.upload(&i32_bytes(&vec![-1; t * k]))?;
+    let renorm = (cfg.norm == WeightNorm::Renormalize) as i32;
+    let (ti, di, ei, ki) = (
+        int_arg("tokens", t)?,
+        int_arg("d_model", d)?,
+        int_arg("experts", e)?,
+        int_arg("top_k", k)?,
+    );
+    cuda_launch!(
+        rt, f, launch, &xd, &gd, &bd, &mut probs, &mut ex, &mut gp, &mut w, &ti, &di, &ei, &ki,
+        &renorm
+    )?;
+    rt.sync()?;
+    Ok(DeviceRouting {
+        probs: f32_from_bytes(&rt.download(&probs)?),
+        experts: i32_from_bytes(&rt.download(&ex)?),
+        gate_probs: f32_from_bytes(&rt.download(&gp)?),
+        weights: f32_from_bytes(&rt.download(&w)?),
+    })
+}
+
+/// Capacity positions on the device: for each assignment (token·k + rank) its slot in its
+/// expert's queue, or −1 when dropped.
+pub fn capacity_cuda(cfg: &MoeConfig, experts: &[i32], gate_probs: &[f32]) -> Result<Vec<i32>> {
+    cfg.validate()?;
+    let n = cfg.tokens * cfg.top_k;
+    if experts.len() != n || gate_probs.len() != n {
+        return Err(KernelError::BadBuffer(format!(
+            "capacity inputs need tokens·top_k = {n} assignments"
+        )));
+    }
+    let launch = Launch::new((blocks_for(n, CAPACITY_THREADS), 1, 1), CAPACITY_THREADS, 0)?;
+    let rt = CudaRuntime::current()?;
+    let f = rt.function(&SOURCE, "moe_capacity_f32")?;
+    let (ed, pd) = (
+        rt.upload(&i32_bytes(experts))?,
+        rt.upload(&f32_bytes(gate_probs))?,
+    );
+    let mut pos = rt.upload(&i32_bytes(&vec![i32::MIN; n]))?;
+    let (ni, ki, cap) = (
+        int_arg("assignments", n)?,
+        int_arg("top_k", cfg.top_k)?,
+        int_arg("capacity", slots_per_expert(cfg))?,
+    );
+    let by_score = (cfg.policy == DropPolicy::Score) as i32;
+    cuda_launch!(rt, f, launch, &ed, &pd, &mut pos, &ni, &ki, &cap, &by_score)?;
+    rt.sync()?;
+    Ok(i32_from_bytes(&rt.download(&pos)?))
+}
+
+/// Dispatch on the device: x `[tokens, d_model]` → expert slots `[experts, slots, d_model]`
+/// (slots no kept assignment fills stay NaN).
+pub fn dispatch_cuda(
+    cfg: &MoeConfig,
+    x: &Buffer,
+    experts: &[i32],
+    positions: &[i32],
+) -> Result<Buffer> {
+    let (t, d, k) = (cfg.tokens, cfg.d_model, cfg.top_k);
+    let slots = slots_per_expert(cfg);
+    x.expect("x", x.dtype(), t * d)?;
+    let rt = CudaRuntime::current()?;
+    let f = rt.function(
+        &SOURCE,
+        &format!("moe_dispatch_{}", dtype_suffix(x.dtype())),
+    )?;
+    let launch = Launch::new((t * k, 1, 1), 128, 0)?;
+    let xd = DeviceBuffer::upload(&rt, x)?;
+    let (ed, pd) = (
+        rt.upload(&i32_bytes(experts))?,
+        rt.upload(&i32_bytes(positions))?,
+    );
+    let mut out = DeviceBuffer::poisoned(&rt, x.dtype(), cfg.experts * slots * d)?;
+    let (ki, di, si) = (
+        int_arg("top_k", k)?,
+        int_arg("d_model", d)?,
+        int_arg("slots", slots)?,
+    );
+    cuda_launch!(
+        rt,
+        f,
+        launch,
+        &xd.bytes,
+        &ed,
+        &pd,
+        &mut out.bytes,
+        &ki,
+        &di,
+        &si
+    )?;
+    rt.sync()?;
+    out.download(&rt)
+}
+
+/// Combine on the device: out[t] = Σ_rank weight · expert_out[expert, position] over kept
+/// assignments; expert_out is `[experts, slots, d_model]`.
+pub fn combine_cuda(
+    cfg: &MoeConfig,
+    expert_out: &Buffer,
+    experts: &[i32],
+    positions: &[i32],
+    weights: &[f32],
+) -> Result<Buffer> {
+    let (t, d, k) = (cfg.tokens, cfg.d_model, cfg.top_k);
+    let slots = slots_per_expert(cfg);
+    let dt = expert_out.dtype();
+    expert_out.expect("expert_out", dt, cfg.experts * slots * d)?;
+    let rt = CudaRuntime::current()?;
+    let f = rt.function(&SOURCE, &format!("moe_combine_{}", dtype_suffix(dt)))?;
+    let launch = Launch::new((t, 1, 1), 128, 0)?;
+    let yd = DeviceBuffer::upload(&rt, expert_out)?;
+    let (ed, pd, wd) = (
+        rt.upload(&i32_bytes(experts))?,
+        rt.upload(&i32_bytes(positions))?,
+        rt.upload(&f32_bytes(weights))?,
+    );
+    let mut out = DeviceBuffer::poisoned(&rt, dt, t * d)?;
+    let (ki, di, si) = (
+        int_arg("top_k", k)?,
+        int_arg("d_model", d)?,
+        int_arg("slots", slots)?,
+    );
+    cuda_launch!(
+        rt,
+        f,
+        launch,
+        &yd.bytes,
+        &ed,
+        &pd,
+        &wd,
+        &mut out.bytes,
+        &ki,
+        &di,
+        &si
+    )?;
+    rt.sync()?;
+    out.download(&rt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Capacity;
+
+    fn cfg(tokens: usize, experts: usize, top_k: usize, capacity: Capacity) -> MoeConfig {
+        MoeConfig {
+            tokens,
+            d_model: 64,
+            d_ff: 128,
+            experts,
+            top_k,
+            norm: WeightNorm::Renormalize,
+            capacity,
+            policy: DropPolicy::TokenOrder,
+        }
+    }
+
+    #[test]
+    fn router_plan_and_limits() {
+        let l = plan_route(&cfg(1000, 8, 2, Capacity::Dropless)).unwrap();
+        assert_eq!(l.grid.0, 250);
+        assert_eq!(l.block.0, 128);
+        assert!(plan_route(&cfg(10, 300, 2, Capacity::Dropless)).is_err());
+        assert!(plan_route(&cfg(10, 64, 33, Capacity::Dropless)).is_err());
+    }
+
+    #[test]
+    fn slots_follow_the_capacity() {
+        assert_eq!(slots_per_expert(&cfg(100, 8, 2, Capacity::Dropless)), 100);
+        // ⌈100·2·1.25 / 8⌉ = 32
+        assert_eq!(
+            slots_per_expert(&cfg(100, 8, 2, Capacity::Factor(1.25))),
+            32
+        );
+    }
+}

@@ -1,0 +1,544 @@
+//! CUDA paged attention: decode (one partition per sequence, or split-KV with its
+//! log-sum-exp reduction) and append, compiled from `paged.cu` by NVRTC at first use. The
+//! launch plan (warps per block, row chunks, partitions, grids, scratch sizes) is pure and
+//! unit-tested on the CPU; `paged_decode_cuda`/`paged_append_cuda` run one call on the device
+//! and `CudaPaged` (`cuda_paged:bs=..,split=..`) stands beside `paged` in experiments.
+
+use crate::adapter::build_pool;
+use crate::decode::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
+use crate::pool::{KvPool, PagedBatch, PoolLayout};
+use attention_kernels::cuda::{cuda_only, CUDA_HEAD_DIMS};
+use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
+use kernel_common::cuda::buffer::{buffer_bytes, buffer_from_bytes, i32_bytes};
+use kernel_common::cuda::{dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch};
+use kernel_common::cudarc::driver::{CudaFunction, CudaSlice};
+use kernel_common::error::Result;
+use kernel_common::{cuda_launch, Buffer, Cost, DType, Device, KernelError};
+use std::sync::Arc;
+
+/// `paged.cu` with its entry points.
+pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+    "paged",
+    "paged.cu",
+    &[
+        "paged_decode_d64_f32",
+        "paged_decode_d128_f32",
+        "paged_reduce_f32",
+        "paged_append_f32",
+        "paged_decode_d64_f16",
+        "paged_decode_d128_f16",
+        "paged_reduce_f16",
+        "paged_append_f16",
+        "paged_decode_d64_bf16",
+        "paged_decode_d128_bf16",
+        "paged_reduce_bf16",
+        "paged_append_bf16",
+    ]
+);
+
+/// Query rows per warp (`ROWS_PER_WARP` in paged.cu).
+pub const ROWS_PER_WARP: usize = 2;
+/// Most warps per decode block (`__launch_bounds__(256)`).
+pub const MAX_WARPS: usize = 8;
+/// Shortest partition the automatic split makes.
+pub const AUTO_MIN_PARTITION: usize = 256;
+/// Blocks per multiprocessor the automatic split aims for.
+pub const AUTO_BLOCKS_PER_SM: usize = 2;
+
+/// Everything one decode call launches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodePlan {
+    pub decode_entry: String,
+    pub decode: Launch,
+    /// The reduction, when some sequence has more than one partition.
+    pub reduce: Option<(String, Launch)>,
+    pub part_tokens: usize,
+    pub parts: usize,
+    pub row_chunks: usize,
+    /// f32 elements of the partial outputs (0 without a reduction).
+    pub partial_elems: usize,
+    /// f32 log-sum-exps (0 without a reduction).
+    pub lse_elems: usize,
+}
+
+/// Tokens per partition on the GPU: `Off` = the longest context, `Tokens(n)` = n, `Auto` =
+/// enough partitions for `AUTO_BLOCKS_PER_SM` blocks per multiprocessor, none shorter than
+/// `AUTO_MIN_PARTITION` tokens. One value for the whole batch (the kernel takes one).
+pub fn partition_tokens(split: SplitKv, max_ctx: usize, base_blocks: usize, sms: usize) -> usize {
+    let tokens = match split {
+        SplitKv::Off => max_ctx,
+        SplitKv::Tokens(n) => n,
+        SplitKv::Auto => {
+            let parts = (AUTO_BLOCKS_PER_SM * sms)
+                .div_ceil(base_blocks.max(1))
+                .max(1);
+            max_ctx.div_ceil(parts).max(AUTO_MIN_PARTITION)
+        }
+    };
+    tokens.clamp(1, max_ctx.max(1))
+}
+
+/// Plans one decode call; `sms` is the device's multiprocessor count.
+pub fn plan_decode(
+    shape: &PagedDecodeShape,
+    context_lens: &[usize],
+    dtype: DType,
+    split: SplitKv,
+    sms: usize,
+) -> Result<DecodePlan> {
+    if !CUDA_HEAD_DIMS.contains(&shape.head_dim) {
+        return Err(KernelError::Unsupported(format!(
+            "cuda_paged is built for head_dim 64 or 128, not {}",
+            shape.head_dim
+        )));
+    }
+    if shape.q_len == 0 || shape.q_len > MAX_Q_LEN || context_lens.is_empty() {
+        return Err(KernelError::InvalidShape(format!(
+            "cuda_paged takes q_len 1..={MAX_Q_LEN} and at least one sequence"
+        )));
+    }
+    let rows = shape.rows();
+    let warps = rows.div_ceil(ROWS_PER_WARP).clamp(1, MAX_WARPS);
+    let row_chunks = rows.div_ceil(warps * ROWS_PER_WARP);
+    let batch = context_lens.len();
+    let max_ctx = context_lens.iter().copied().max().unwrap_or(1);
+    let part_tokens = partition_tokens(split, max_ctx, shape.kv_heads * row_chunks * batch, sms);
+    let parts = max_ctx.div_ceil(part_tokens);
+    let dt = dtype_suffix(dtype);
+    let decode = Launch::new((shape.kv_heads * row_chunks, batch, parts), warps * 32, 0)?;
+    let out_rows = batch * shape.q_heads * shape.q_len;
+    let reduce = if parts > 1 {
+        Some((
+            format!("paged_reduce_{dt}"),
+            Launch::new((out_rows, 1, 1), shape.head_dim.next_multiple_of(32), 0)?,
+        ))
+    } else {
+        None
+    };
+    Ok(DecodePlan {
+        decode_entry: format!("paged_decode_d{}_{dt}", shape.head_dim),
+        decode,
+        part_tokens,
+        parts,
+        row_chunks,
+        partial_elems: if parts > 1 {
+            parts * out_rows * shape.head_dim
+        } else {
+            0
+        },
+        lse_elems: if parts > 1 { parts * out_rows } else { 0 },
+        reduce,
+    })
+}
+
+/// Block tables as one i32 matrix `[batch, max_blocks]` (short rows padded with 0).
+pub fn flat_tables(tables: &[Vec<u32>]) -> (Vec<i32>, usize) {
+    let width = tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut flat = vec![0i32; tables.len() * width];
+    for (row, t) in flat.chunks_mut(width).zip(tables) {
+        for (dst, &b) in row.iter_mut().zip(t) {
+            *dst = b as i32;
+        }
+    }
+    (flat, width)
+}
+
+/// A decode problem resident on the device.
+pub struct DeviceDecode {
+    rt: Arc<CudaRuntime>,
+    plan: DecodePlan,
+    decode_fn: CudaFunction,
+    reduce_fn: Option<CudaFunction>,
+    shape: PagedDecodeShape,
+    layout: PoolLayout,
+    batch: usize,
+    max_blocks: usize,
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    tables: CudaSlice<u8>,
+    ctx: CudaSlice<u8>,
+    q: DeviceBuffer,
+    pub out: DeviceBuffer,
+    part_o: CudaSlice<u8>,
+    part_lse: CudaSlice<u8>,
+}
+
+impl DeviceDecode {
+    /// Uploads the pool, tables, lengths and queries; allocates a NaN-poisoned output.
+    pub fn new(
+        shape: &PagedDecodeShape,
+        batch: &PagedBatch,
+        pool: &KvPool,
+        q: &Buffer,
+        split: SplitKv,
+    ) -> Result<DeviceDecode> {
+        shape.validate(&pool.layout, batch)?;
+        let dtype = pool.dtype();
+        q.expect("q", dtype, shape.q_elems(batch.len()))?;
+        let rt = CudaRuntime::current()?;
+        let plan = plan_decode(shape, &batch.context_lens, dtype, split, rt.sm_count)?;
+        let decode_fn = rt.function(&SOURCE, &plan.decode_entry)?;
+        let reduce_fn = match &plan.reduce {
+            Some((entry, _)) => Some(rt.function(&SOURCE, entry)?),
+            None => None,
+        };
+        let (tables, max_blocks) = flat_tables(&batch.block_tables);
+        let lens: Vec<i32> = batch
+            .context_lens
+            .iter()
+            .map(|&l| int_arg("context length", l))
+            .collect::<Result<_>>()?;
+        Ok(DeviceDecode {
+            k: DeviceBuffer::upload(&rt, &pool.k)?,
+            v: DeviceBuffer::upload(&rt, &pool.v)?,
+            tables: rt.upload(&i32_bytes(&tables))?,
+            ctx: rt.upload(&i32_bytes(&lens))?,
+            q: DeviceBuffer::upload(&rt, q)?,
+            out: DeviceBuffer::poisoned(&rt, dtype, shape.q_elems(batch.len()))?,
+            part_o: rt.zeros::<u8>(plan.partial_elems * 4)?,
+            part_lse: rt.zeros::<u8>(plan.lse_elems * 4)?,
+            shape: *shape,
+            layout: pool.layout,
+            batch: batch.len(),
+            max_blocks,
+            plan,
+            decode_fn,
+            reduce_fn,
+            rt,
+        })
+    }
+
+    /// The plan this problem runs.
+    pub fn plan(&self) -> &DecodePlan {
+        &self.plan
+    }
+
+    /// Queues the decode (and the reduction) on the stream.
+    pub fn launch(&mut self) -> Result<()> {
+        let s = &self.shape;
+        let batch = int_arg("batch", self.batch)?;
+        let (hq, hkv) = (
+            int_arg("q_heads", s.q_heads)?,
+            int_arg("kv_heads", s.kv_heads)?,
+        );
+        let q_len = int_arg("q_len", s.q_len)?;
+        let bs = int_arg("block_size", self.layout.block_size)?;
+        let max_blocks = int_arg("max_blocks", self.max_blocks)?;
+        let part_tokens = int_arg("part_tokens", self.plan.part_tokens)?;
+        let row_chunks = int_arg("row_chunks", self.plan.row_chunks)?;
+        let d = int_arg("head_dim", s.head_dim)?;
+        let scale = s.scale;
+        let rt = &self.rt;
+        cuda_launch!(
+            rt,
+            self.decode_fn,
+            self.plan.decode,
+            &self.q.bytes,
+            &self.k.bytes,
+            &self.v.bytes,
+            &self.tables,
+            &self.ctx,
+            &mut self.out.bytes,
+            &mut self.part_o,
+            &mut self.part_lse,
+            &batch,
+            &hq,
+            &hkv,
+            &q_len,
+            &bs,
+            &max_blocks,
+            &part_tokens,
+            &row_chunks,
+            &scale
+        )?;
+        if let (Some(f), Some((_, l))) = (&self.reduce_fn, &self.plan.reduce) {
+            cuda_launch!(
+                rt,
+                f,
+                *l,
+                &self.part_o,
+                &self.part_lse,
+                &self.ctx,
+                &mut self.out.bytes,
+                &batch,
+                &hq,
+                &q_len,
+                &d,
+                &part_tokens
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs once and downloads the output.
+    pub fn run(&mut self) -> Result<Buffer> {
+        self.launch()?;
+        self.rt.sync()?;
+        self.out.download(&self.rt)
+    }
+
+    /// Event-timed repetitions of `launch`.
+    pub fn time(&mut self, reps: usize) -> Result<Vec<f64>> {
+        let rt = self.rt.clone();
+        rt.time(reps, || self.launch())
+    }
+}
+
+/// Paged decode on the device: the same contract as `paged_decode`, output downloaded.
+pub fn paged_decode_cuda(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    pool: &KvPool,
+    q: &Buffer,
+    split: SplitKv,
+) -> Result<Buffer> {
+    DeviceDecode::new(shape, batch, pool, q, split)?.run()
+}
+
+/// Pool slots (`block · block_size + offset`) of positions `start..start+n` of a sequence.
+pub fn slots(layout: &PoolLayout, table: &[u32], start: usize, n: usize) -> Result<Vec<i32>> {
+    (start..start + n)
+        .map(|pos| {
+            let block = table.get(pos / layout.block_size).ok_or_else(|| {
+                KernelError::BadBuffer(format!("block table too short for position {pos}"))
+            })?;
+            int_arg(
+                "slot",
+                *block as usize * layout.block_size + pos % layout.block_size,
+            )
+        })
+        .collect()
+}
+
+/// Appends tokens on the device: `k_new`/`v_new` are `[tokens, kv_heads, d]` (vLLM's
+/// `reshape_and_cache` layout) and `slots[t]` their pool slots (negative: skipped). Uploads
+/// the pool, appends, downloads it back into `pool`.
+pub fn paged_append_cuda(
+    pool: &mut KvPool,
+    slots: &[i32],
+    k_new: &Buffer,
+    v_new: &Buffer,
+) -> Result<()> {
+    let l = pool.layout;
+    let dtype = pool.dtype();
+    let per_token = l.kv_heads * l.head_dim;
+    k_new.expect("k_new", dtype, slots.len() * per_token)?;
+    v_new.expect("v_new", dtype, slots.len() * per_token)?;
+    let capacity = l.num_blocks * l.block_size;
+    if let Some(s) = slots.iter().find(|&&s| s >= 0 && s as usize >= capacity) {
+        return Err(KernelError::BadBuffer(format!(
+            "slot {s} is outside a pool of {capacity} slots"
+        )));
+    }
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let rt = CudaRuntime::current()?;
+    let f = rt.function(&SOURCE, &format!("paged_append_{}", dtype_suffix(dtype)))?;
+    let launch = Launch::new((slots.len(), 1, 1), 128, 0)?;
+    let mut kp = rt.upload(&buffer_bytes(&pool.k))?;
+    let mut vp = rt.upload(&buffer_bytes(&pool.v))?;
+    let kn = rt.upload(&buffer_bytes(k_new))?;
+    let vn = rt.upload(&buffer_bytes(v_new))?;
+    let sl = rt.upload(&i32_bytes(slots))?;
+    let (hkv, d, bs) = (
+        int_arg("kv_heads", l.kv_heads)?,
+        int_arg("head_dim", l.head_dim)?,
+        int_arg("block_size", l.block_size)?,
+    );
+    cuda_launch!(rt, f, launch, &kn, &vn, &sl, &mut kp, &mut vp, &hkv, &d, &bs)?;
+    rt.sync()?;
+    pool.k = buffer_from_bytes(dtype, &rt.download(&kp)?);
+    pool.v = buffer_from_bytes(dtype, &rt.download(&vp)?);
+    Ok(())
+}
+
+/// `cuda_paged:bs=..,split=..`: the CUDA decode kernel behind `AttentionKernel`, on the
+/// same shuffled pool the CPU `paged` variant builds.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaPaged {
+    pub block_size: usize,
+    pub split: SplitKv,
+}
+
+impl AttentionKernel for CudaPaged {
+    fn name(&self) -> String {
+        match self.split {
+            SplitKv::Off => format!("cuda_paged:bs={}", self.block_size),
+            SplitKv::Auto => format!("cuda_paged:bs={},split=auto", self.block_size),
+            SplitKv::Tokens(n) => format!("cuda_paged:bs={},split={n}", self.block_size),
+        }
+    }
+
+    fn supports(&self, shape: &AttentionShape, dtype: DType, device: Device) -> Result<()> {
+        cuda_only("cuda_paged", device)?;
+        if !shape.causal && shape.q_len > 1 {
+            return Err(KernelError::Unsupported(
+                "paged decode is causal over the context; q_len > 1 needs causal".into(),
+            ));
+        }
+        let ds = decode_shape(shape);
+        plan_decode(
+            &ds,
+            &vec![shape.kv_len; shape.batch],
+            dtype,
+            self.split,
+            132,
+        )
+        .map(|_| ())
+    }
+
+    fn cost(&self, shape: &AttentionShape, dtype: DType) -> Cost {
+        let io = shape.io_cost(dtype);
+        let table_bytes = 4 * (shape.batch * shape.kv_len.div_ceil(self.block_size)) as u64;
+        Cost {
+            bytes: io.bytes + table_bytes,
+            flops: io.flops,
+        }
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        shape: &AttentionShape,
+        inputs: &'a AttentionInputs,
+    ) -> Result<Box<dyn PreparedAttention + 'a>> {
+        shape.validate()?;
+        inputs.check(shape)?;
+        let (pool, batch) = build_pool(
+            shape,
+            inputs,
+            self.block_size,
+            kernel_common::inputs::derive_seed(0x9A6E, shape.kv_len as u64),
+        )?;
+        Ok(Box::new(PreparedCudaPaged(DeviceDecode::new(
+            &decode_shape(shape),
+            &batch,
+            &pool,
+            &inputs.q,
+            self.split,
+        )?)))
+    }
+}
+
+fn decode_shape(shape: &AttentionShape) -> PagedDecodeShape {
+    PagedDecodeShape {
+        q_heads: shape.q_heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+        q_len: shape.q_len,
+        scale: shape.scale,
+    }
+}
+
+struct PreparedCudaPaged(DeviceDecode);
+
+impl PreparedAttention for PreparedCudaPaged {
+    fn run(&mut self, out: &mut Buffer) -> Result<()> {
+        *out = self.0.run()?;
+        Ok(())
+    }
+    fn time_on_device(&mut self, reps: usize) -> Option<Result<Vec<f64>>> {
+        Some(self.0.time(reps))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(q_heads: usize, kv_heads: usize, q_len: usize) -> PagedDecodeShape {
+        PagedDecodeShape {
+            q_heads,
+            kv_heads,
+            head_dim: 128,
+            q_len,
+            scale: 0.1,
+        }
+    }
+
+    #[test]
+    fn unsplit_decode_has_one_partition_and_no_reduction() {
+        let p = plan_decode(
+            &shape(32, 8, 1),
+            &[4096, 100],
+            DType::F16,
+            SplitKv::Off,
+            132,
+        )
+        .unwrap();
+        assert_eq!(p.decode_entry, "paged_decode_d128_f16");
+        // group 4 → 4 rows → 2 warps, one row chunk.
+        assert_eq!(p.decode.block, (64, 1, 1));
+        assert_eq!(p.decode.grid, (8, 2, 1));
+        assert_eq!((p.parts, p.part_tokens), (1, 4096));
+        assert!(p.reduce.is_none());
+        assert_eq!(p.partial_elems, 0);
+    }
+
+    #[test]
+    fn large_groups_are_cut_into_row_chunks() {
+        // MQA, 32 heads × 4 new tokens = 128 rows: 8 warps × 2 rows = 16 per block → 8 chunks.
+        let p = plan_decode(&shape(32, 1, 4), &[64], DType::BF16, SplitKv::Off, 132).unwrap();
+        assert_eq!(p.decode.block.0, 256);
+        assert_eq!(p.row_chunks, 8);
+        assert_eq!(p.decode.grid.0, 8);
+    }
+
+    #[test]
+    fn split_partitions_cover_every_context_and_size_the_scratch() {
+        let lens = [10_000, 3000, 1];
+        let p = plan_decode(
+            &shape(8, 8, 1),
+            &lens,
+            DType::F32,
+            SplitKv::Tokens(1024),
+            132,
+        )
+        .unwrap();
+        assert_eq!(p.parts, 10); // ⌈10000 / 1024⌉
+        assert_eq!(p.decode.grid, (8, 3, 10));
+        assert!(p.parts * p.part_tokens >= 10_000);
+        let (entry, reduce) = p.reduce.clone().unwrap();
+        assert_eq!(entry, "paged_reduce_f32");
+        assert_eq!(reduce.grid.0, 3 * 8);
+        assert_eq!(p.partial_elems, 10 * 3 * 8 * 128);
+        assert_eq!(p.lse_elems, 10 * 3 * 8);
+    }
+
+    #[test]
+    fn auto_split_fills_the_device_but_keeps_partitions_long() {
+        // 1 sequence × 8 KV heads = 8 blocks unsplit; 264 wanted → 33 partitions of 497.
+        let t = partition_tokens(SplitKv::Auto, 16_384, 8, 132);
+        assert_eq!(t, 16_384usize.div_ceil(33));
+        // A big batch already fills the device: no split below the minimum.
+        assert_eq!(partition_tokens(SplitKv::Auto, 16_384, 8 * 64, 132), 16_384);
+        // A short context is not cut below the minimum; one shorter than it stays whole.
+        assert_eq!(
+            partition_tokens(SplitKv::Auto, 600, 8, 132),
+            AUTO_MIN_PARTITION
+        );
+        assert_eq!(partition_tokens(SplitKv::Auto, 100, 8, 132), 100);
+        assert_eq!(
+            partition_tokens(SplitKv::Auto, 4000, 8, 132),
+            AUTO_MIN_PARTITION
+        );
+    }
+
+    #[test]
+    fn refusals_and_slots() {
+        let mut s = shape(8, 8, 1);
+        s.head_dim = 80;
+        assert!(plan_decode(&s, &[10], DType::F16, SplitKv::Off, 132).is_err());
+        assert!(plan_decode(&shape(8, 8, 17), &[100], DType::F16, SplitKv::Off, 132).is_err());
+        let layout = PoolLayout {
+            num_blocks: 8,
+            block_size: 4,
+            kv_heads: 1,
+            head_dim: 64,
+        };
+        assert_eq!(slots(&layout, &[5, 2], 2, 4).unwrap(), vec![22, 23, 8, 9]);
+        assert!(slots(&layout, &[5], 2, 4).is_err());
+        let (flat, width) = flat_tables(&[vec![3, 1], vec![7]]);
+        assert_eq!((flat, width), (vec![3, 1, 7, 0], 2));
+    }
+}

@@ -1,0 +1,204 @@
+// paged.cu: paged attention on the GPU (vLLM PagedAttention; split-KV as FlashDecoding).
+// Pool layout as the CPU side: [num_blocks, kv_heads, block_size, d]; block tables i32
+// [batch, max_blocks]; q/out [batch, q_heads, q_len, d]; the q_len new tokens are the last
+// positions of each context (row i sees keys 0 ..= ctx − q_len + i).
+//
+// paged_decode_d{64,128}_*: one block per (KV head · row chunk, sequence, partition).
+//   Each warp owns 2 query rows of the KV head's group and walks the partition's keys four
+//   at a time: 8 lanes per key, each lane 8·(d/64) contiguous elements (16-byte loads), a
+//   3-shuffle dot product, an online softmax per (row, key lane group) in the log2 domain,
+//   merged across the 4 groups at the end. K/V rows are read once per row chunk.
+//   One partition: normalised output written directly. Several: f32 partial outputs and
+//   log2-sum-exp per partition, combined by paged_reduce_*.
+// paged_append_*: writes new tokens' K/V ([tokens, kv_heads, d]) into pool slots
+//   (slot = block·block_size + offset; negative = padding, skipped).
+
+constexpr int ROWS_PER_WARP = 2;
+
+template <typename T, int D>
+__device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
+                             const T* __restrict__ vp, const int* __restrict__ tables,
+                             const int* __restrict__ ctx_lens, T* __restrict__ out,
+                             float* __restrict__ part_o, float* __restrict__ part_lse, int batch,
+                             int hq, int hkv, int q_len, int bs, int max_blocks, int part_tokens,
+                             int row_chunks, float scale) {
+    constexpr int CH = D / 64;  // 8-element chunks per lane
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int sub = lane & 7, kg = lane >> 3;
+    const int h = blockIdx.x / row_chunks, chunk = blockIdx.x % row_chunks;
+    const int b = blockIdx.y, part = blockIdx.z;
+    const int group = hq / hkv, rows = group * q_len;
+    const int ctx = ctx_lens[b];
+    const int n_parts = (ctx + part_tokens - 1) / part_tokens;
+    if (part >= n_parts) return;
+    const int k_begin = part * part_tokens, k_end = min(ctx, k_begin + part_tokens);
+    const int row0 = chunk * (blockDim.x >> 5) * ROWS_PER_WARP + warp * ROWS_PER_WARP;
+    if (row0 >= rows) return;
+    const float sl2 = scale * 1.4426950408889634f;
+
+    float qv[ROWS_PER_WARP][CH * 8];
+    float acc[ROWS_PER_WARP][CH * 8];
+    float m[ROWS_PER_WARP], l[ROWS_PER_WARP];
+    int last_key[ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int row = min(row0 + r, rows - 1);  // a missing second row repeats the first
+        const int head = h * group + row / q_len, i = row % q_len;
+        const T* qr = q + (((size_t)b * hq + head) * q_len + i) * D;
+#pragma unroll
+        for (int c = 0; c < CH; ++c) load8(qr + c * 64 + sub * 8, &qv[r][c * 8]);
+#pragma unroll
+        for (int e = 0; e < CH * 8; ++e) {
+            qv[r][e] *= sl2;
+            acc[r][e] = 0.0f;
+        }
+        m[r] = -CUDART_INF_F;
+        l[r] = 0.0f;
+        last_key[r] = ctx - q_len + i;
+    }
+    const int* table = tables + (size_t)b * max_blocks;
+    // Every lane runs every step (the dot products shuffle across the warp); a key group
+    // past the partition's end loads nothing and skips the update.
+    for (int j0 = k_begin; j0 < k_end; j0 += 4) {
+        const int j = j0 + kg;
+        const bool live = j < k_end;
+        float kv[CH * 8], vv[CH * 8];
+        if (live) {
+            const size_t at = (((size_t)table[j / bs] * hkv + h) * bs + (j % bs)) * D;
+#pragma unroll
+            for (int c = 0; c < CH; ++c) {
+                load8(kp + at + c * 64 + sub * 8, &kv[c * 8]);
+                load8(vp + at + c * 64 + sub * 8, &vv[c * 8]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < CH * 8; ++e) kv[e] = vv[e] = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS_PER_WARP; ++r) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < CH * 8; ++e) s += qv[r][e] * kv[e];
+            s = group_sum(s, 8);
+            if (!live || j > last_key[r]) continue;  // uniform over the 8 lanes of the key
+            const float mnew = fmaxf(m[r], s);
+            const float corr = exp2f(m[r] - mnew);  // m = -inf → 0
+            const float p = exp2f(s - mnew);
+            l[r] = l[r] * corr + p;
+#pragma unroll
+            for (int e = 0; e < CH * 8; ++e) acc[r][e] = acc[r][e] * corr + p * vv[e];
+            m[r] = mnew;
+        }
+    }
+    // Merge the 4 key groups (lanes sub, sub+8, sub+16, sub+24).
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+#pragma unroll
+        for (int off = 8; off < 32; off <<= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m[r], off);
+            const float l2 = __shfl_xor_sync(0xffffffffu, l[r], off);
+            const float mnew = fmaxf(m[r], m2);
+            const float c1 = mnew == -CUDART_INF_F ? 0.0f : exp2f(m[r] - mnew);
+            const float c2 = mnew == -CUDART_INF_F ? 0.0f : exp2f(m2 - mnew);
+            l[r] = l[r] * c1 + l2 * c2;
+#pragma unroll
+            for (int e = 0; e < CH * 8; ++e) {
+                const float a2 = __shfl_xor_sync(0xffffffffu, acc[r][e], off);
+                acc[r][e] = acc[r][e] * c1 + a2 * c2;
+            }
+            m[r] = mnew;
+        }
+    }
+    if (kg != 0) return;
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_WARP; ++r) {
+        const int row = row0 + r;
+        if (row >= rows) break;
+        const int head = h * group + row / q_len, i = row % q_len;
+        const size_t orow = ((size_t)b * hq + head) * q_len + i;
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        if (n_parts == 1) {
+            T* o = out + orow * D;
+#pragma unroll
+            for (int c = 0; c < CH; ++c)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[c * 64 + sub * 8 + e] = from_f32<T>(acc[r][c * 8 + e] * inv);
+        } else {
+            const size_t prow = (size_t)part * batch * hq * q_len + orow;
+            float* o = part_o + prow * D;
+#pragma unroll
+            for (int c = 0; c < CH; ++c)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[c * 64 + sub * 8 + e] = acc[r][c * 8 + e] * inv;
+            if (sub == 0) part_lse[prow] = l[r] > 0.0f ? m[r] + log2f(l[r]) : -CUDART_INF_F;
+        }
+    }
+}
+
+// One block per output row; thread e combines element e over the sequence's partitions:
+// out = Σ 2^(lse_p − max)·o_p / Σ 2^(lse_p − max). Sequences with one partition were written
+// by the decode kernel and are skipped.
+template <typename T>
+__device__ void paged_reduce(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                             const int* __restrict__ ctx_lens, T* __restrict__ out, int batch,
+                             int hq, int q_len, int d, int part_tokens) {
+    const size_t row = blockIdx.x;  // (b·hq + head)·q_len + i
+    const int b = (int)(row / ((size_t)hq * q_len));
+    const int n_parts = (ctx_lens[b] + part_tokens - 1) / part_tokens;
+    if (n_parts <= 1) return;
+    const size_t stride = (size_t)batch * hq * q_len;
+    float mx = -CUDART_INF_F;
+    for (int p = 0; p < n_parts; ++p) mx = fmaxf(mx, part_lse[p * stride + row]);
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+        float num = 0.0f, den = 0.0f;
+        for (int p = 0; p < n_parts; ++p) {
+            const float w = exp2f(part_lse[p * stride + row] - mx);
+            num += w * part_o[(p * stride + row) * d + e];
+            den += w;
+        }
+        out[row * d + e] = from_f32<T>(num / den);
+    }
+}
+
+// One block per new token: copies its kv_heads·d values of K and V into the pool slot.
+template <typename T>
+__device__ void paged_append(const T* __restrict__ k_new, const T* __restrict__ v_new,
+                             const int* __restrict__ slots, T* __restrict__ kp, T* __restrict__ vp,
+                             int hkv, int d, int bs) {
+    const int t = blockIdx.x;
+    const int slot = slots[t];
+    if (slot < 0) return;
+    const int blk = slot / bs, off = slot % bs;
+    for (int c = threadIdx.x; c < hkv * d; c += blockDim.x) {
+        const int h = c / d, e = c % d;
+        const size_t dst = (((size_t)blk * hkv + h) * bs + off) * d + e;
+        const size_t src = (size_t)t * hkv * d + c;
+        kp[dst] = k_new[src];
+        vp[dst] = v_new[src];
+    }
+}
+
+#define PAGED_DECODE_ENTRY(T, NAME, D)                                                            \
+    extern "C" __global__ void __launch_bounds__(256) paged_decode_d##D##_##NAME(                \
+        const T* q, const T* kp, const T* vp, const int* tables, const int* ctx_lens, T* out,    \
+        float* part_o, float* part_lse, int batch, int hq, int hkv, int q_len, int bs,           \
+        int max_blocks, int part_tokens, int row_chunks, float scale) {                          \
+        paged_decode<T, D>(q, kp, vp, tables, ctx_lens, out, part_o, part_lse, batch, hq, hkv,   \
+                           q_len, bs, max_blocks, part_tokens, row_chunks, scale);               \
+    }
+#define PAGED_ENTRIES(T, NAME)                                                                    \
+    PAGED_DECODE_ENTRY(T, NAME, 64)                                                               \
+    PAGED_DECODE_ENTRY(T, NAME, 128)                                                              \
+    extern "C" __global__ void paged_reduce_##NAME(const float* part_o, const float* part_lse,   \
+                                                   const int* ctx_lens, T* out, int batch,       \
+                                                   int hq, int q_len, int d, int part_tokens) {  \
+        paged_reduce<T>(part_o, part_lse, ctx_lens, out, batch, hq, q_len, d, part_tokens);      \
+    }                                                                                            \
+    extern "C" __global__ void paged_append_##NAME(const T* k_new, const T* v_new,               \
+                                                   const int* slots, T* kp, T* vp, int hkv,      \
+                                                   int d, int bs) {                              \
+        paged_append<T>(k_new, v_new, slots, kp, vp, hkv, d, bs);                                \
+    }
+PAGED_ENTRIES(float, f32)
+PAGED_ENTRIES(__half, f16)
+PAGED_ENTRIES(bf16, bf16)

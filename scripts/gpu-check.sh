@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The CUDA backend on a real GPU, in one call (< 8 minutes on an H200):
+#   1. device roofline (2 GiB device-to-device copy; the workbench's bf16 MMA GEMM);
+#   2. harness check --device cuda for every family (f32/f16/bf16);
+#   3. flash_vs_paged --device cuda at H200-sized shapes: decode (batch 8/32, GQA 32/8,
+#      contexts 4k/16k) and bf16 prefill (1k..8k), plus PyTorch's scaled_dot_product_attention
+#      on the same prefill shapes, timed the same way (CUDA events, median);
+#   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8.
+# Writes logs and CSV/JSON under $OUT (default ./gpu-out) and a short table last.
+# Needs the harness binary: target/gpu/harness (scripts/gpu-prepare.sh) or $HARNESS, or
+# cargo with the crates already present.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+H=${HARNESS:-target/gpu/harness}
+if [ ! -x "$H" ]; then
+    echo "no harness binary at $H; building (needs the crates offline)" | tee -a "$OUT/log.txt"
+    cargo build --release --offline -p harness && H=target/release/harness || exit 2
+fi
+# NVRTC and headers: the toolkit's, or the nvidia-cuda-nvrtc wheel's.
+if ! ldconfig -p | grep -q 'libnvrtc.so.13'; then
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+        [ -e "$d/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+    done
+fi
+[ -d /usr/local/cuda/include ] && export CUDA_INCLUDE_DIR=${CUDA_INCLUDE_DIR:-/usr/local/cuda/include}
+RES="$OUT/results"
+mkdir -p "$RES"
+step() { echo; echo "=== $* ($(date -u +%T))"; }
+{
+    step "machine"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+    step "roofline"
+    timeout 120 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" roofline --device cuda
+    step "check (every family)"
+    timeout 240 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" check --device cuda --cases 3 --format table
+    step "flash_vs_paged decode"
+    timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp flash_vs_paged --device cuda --reps 20 \
+        --set mode=decode --set dtype=bf16 --set batch=8,32 --set heads=gqa --set kv_len=4096,16384 \
+        --variant cuda_paged:bs=16 --variant cuda_paged:bs=16,split=auto --variant cuda_flash2
+    step "flash_vs_paged prefill"
+    timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp flash_vs_paged --device cuda --reps 10 \
+        --set mode=prefill --set dtype=bf16 --set batch=1 --set heads=gqa --set kv_len=1024,4096,8192 \
+        --variant cuda_flash2 --variant cuda_naive
+    step "torch sdpa (same prefill shapes)"
+    timeout 120 python3 scripts/sdpa_bench.py "$OUT/sdpa.csv"
+    step "quant GEMV"
+    timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp quant_tradeoff --device cuda --reps 50 \
+        --set shape=4096x4096,4096x11008 --set batch=1,8 --set weights=gaussian \
+        --set format=f16,q8_0,q4_0,sym4g32
+} 2>&1 | tee "$OUT/log.txt"
+step "summary" | tee -a "$OUT/log.txt"
+python3 scripts/gpu_summary.py "$RES" "$OUT/sdpa.csv" 2>&1 | tee "$OUT/summary.txt"

@@ -1,0 +1,48 @@
+"""The short table gpu-check.sh prints last: device ceilings, check failures, paged decode
+as % of the copy bandwidth, cuda_flash2 against torch SDPA, int4 GEMV against f16."""
+import csv
+import glob
+import json
+import os
+import sys
+
+res, sdpa_csv = sys.argv[1], sys.argv[2]
+
+
+def rows(pattern):
+    out = []
+    for path in sorted(glob.glob(os.path.join(res, pattern))):
+        with open(path) as f:
+            out += list(csv.DictReader(f))
+    return out
+
+
+for path in glob.glob(os.path.join(res, "roofline", "cuda-*.json")):
+    r = json.load(open(path))
+    print(f"{r['cpu_model']}: copy {r['read_gbps']:.0f} GB/s, bf16 GEMM {r['fma_gflops'] / 1e3:.0f} TFLOP/s")
+check = rows("check/*.csv")
+bad = [r for r in check if r["status"] == "fail"]
+print(f"check: {len(check)} rows, {sum(r['status'] == 'pass' for r in check)} pass, {len(bad)} FAIL, "
+      f"{sum(r['status'] == 'unsupported' for r in check)} unsupported")
+for r in bad[:10]:
+    print(f"  FAIL {r['family']} {r['variant']} {r['dtype']} {r['shape']}: rel {r['rel_l2_err']} {r['note']}")
+fvp = rows("flash_vs_paged/*.csv")
+print("\nmode     variant                       batch kv_len   ms       GB/s   %roof status")
+for r in fvp:
+    ms = float(r["median_ms"]) if r["median_ms"] else float("nan")
+    gb = float(r["gbps"]) if r["gbps"] else float("nan")
+    pct = float(r["pct_roofline"]) if r["pct_roofline"] else float("nan")
+    print(f"{r['mode']:<8} {r['variant']:<29} {r['batch']:>5} {r['kv_len']:>6} {ms:8.3f} {gb:8.0f} {pct:6.1f} {r['status']}")
+if os.path.exists(sdpa_csv):
+    sdpa = {int(r["kv_len"]): float(r["median_ms"]) for r in csv.DictReader(open(sdpa_csv))}
+    print("\nprefill bf16 causal b1 h32/8 d128: cuda_flash2 vs torch SDPA (time ratio, >1 = ours faster)")
+    for r in fvp:
+        if r["mode"] == "prefill" and r["variant"] == "cuda_flash2" and r["median_ms"]:
+            L = int(r["kv_len"])
+            if L in sdpa:
+                print(f"  L={L}: ours {float(r['median_ms']):.3f} ms, sdpa {sdpa[L]:.3f} ms -> {sdpa[L] / float(r['median_ms']):.2f}x")
+q = rows("quant_tradeoff/*.csv")
+print("\nGEMV     shape       batch   ms      GB/s  %copy  x f16  status")
+for r in q:
+    f = lambda k: float(r[k]) if r[k] else float("nan")
+    print(f"{r['format']:<8} {r['shape']:<11} {r['batch']:>5} {f('median_ms'):7.4f} {f('gbps'):7.0f} {f('pct_read_bw'):6.1f} {f('speedup_vs_f16'):6.2f} {r['status']}")
