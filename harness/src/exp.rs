@@ -40,6 +40,10 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     // Everything that can be wrong with the request is found before results/ is touched.
     let (mut spec, spec_path) = ExperimentSpec::load(&opts.experiments_dir, &opts.name)?;
     let cuda = matches!(opts.device, Device::Cuda(_));
+    if let Device::Cuda(n) = opts.device {
+        // Driver, GPU and NVRTC first: each missing one is named in one line.
+        kernel_common::cuda::CudaRuntime::get(n)?;
+    }
     if let (true, Some(limits)) = (cuda, spec.cuda_limits.clone()) {
         spec.limits = limits;
     }

@@ -343,8 +343,35 @@ fn cuda_without_gpu_is_one_line() {
         return;
     }
     let s = Setup::new("cuda_without_gpu");
-    s.expect_usage_error(&["exp", "tiny", "--device", "cuda"], "cuda");
-    s.expect_usage_error(&["check", "--device", "cuda"], "cuda");
+    let missing = "no CUDA driver";
+    s.expect_usage_error(&["exp", "tiny", "--device", "cuda"], missing);
+    s.expect_usage_error(&["check", "--device", "cuda"], missing);
+    s.expect_usage_error(&["check", "--device", "cuda:1", "--family", "moe"], missing);
+    s.expect_usage_error(&["roofline", "--device", "cuda"], missing);
+    s.expect_usage_error(
+        &[
+            "exp",
+            "tiny",
+            "--device",
+            "cuda",
+            "--variant",
+            "cuda_flash2",
+        ],
+        missing,
+    );
+}
+
+#[test]
+fn cuda_variants_on_the_cpu_are_one_line() {
+    let s = Setup::new("cuda_variant_on_cpu");
+    s.expect_usage_error(
+        &["exp", "tiny", "--variant", "cuda_flash2"],
+        "does not run on cpu",
+    );
+    s.expect_usage_error(
+        &["exp", "tiny", "--variant", "cuda_paged:bs=0"],
+        "block size",
+    );
 }
 
 #[test]

@@ -32,17 +32,63 @@ impl PagedAttention {
         .validate()?;
         Ok(PagedAttention { block_size, split })
     }
+}
 
-    /// The decode shape of a contiguous attention problem.
-    fn decode_shape(shape: &AttentionShape) -> PagedDecodeShape {
-        PagedDecodeShape {
-            q_heads: shape.q_heads,
-            kv_heads: shape.kv_heads,
-            head_dim: shape.head_dim,
-            q_len: shape.q_len,
-            scale: shape.scale,
-        }
+/// The decode shape of a contiguous attention problem.
+pub(crate) fn decode_shape(shape: &AttentionShape) -> PagedDecodeShape {
+    PagedDecodeShape {
+        q_heads: shape.q_heads,
+        kv_heads: shape.kv_heads,
+        head_dim: shape.head_dim,
+        q_len: shape.q_len,
+        scale: shape.scale,
     }
+}
+
+/// `{base}:bs=N[,split=..]`, the spec string of a paged variant.
+pub(crate) fn variant_name(base: &str, block_size: usize, split: SplitKv) -> String {
+    match split {
+        SplitKv::Off => format!("{base}:bs={block_size}"),
+        SplitKv::Auto => format!("{base}:bs={block_size},split=auto"),
+        SplitKv::Tokens(n) => format!("{base}:bs={block_size},split={n}"),
+    }
+}
+
+/// Paged decode is causal over the context: more than one query row needs causal.
+pub(crate) fn require_causal(shape: &AttentionShape) -> Result<()> {
+    if !shape.causal && shape.q_len > 1 {
+        return Err(KernelError::Unsupported(
+            "paged decode is causal over the context; q_len > 1 needs causal".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Compulsory traffic plus the block tables.
+pub(crate) fn paged_cost(block_size: usize, shape: &AttentionShape, dtype: DType) -> Cost {
+    let io = shape.io_cost(dtype);
+    let table_bytes = 4 * (shape.batch * shape.kv_len.div_ceil(block_size)) as u64;
+    Cost {
+        bytes: io.bytes + table_bytes,
+        flops: io.flops,
+    }
+}
+
+/// The pool an experiment's paged variants (CPU and CUDA) build for `shape`: validated
+/// inputs, blocks shuffled by a seed of the context length.
+pub(crate) fn experiment_pool(
+    shape: &AttentionShape,
+    inputs: &AttentionInputs,
+    block_size: usize,
+) -> Result<(KvPool, PagedBatch)> {
+    shape.validate()?;
+    inputs.check(shape)?;
+    build_pool(
+        shape,
+        inputs,
+        block_size,
+        kernel_common::inputs::derive_seed(0x9A6E, shape.kv_len as u64),
+    )
 }
 
 /// A pool with every sequence of `shape` appended, physical blocks shuffled by `seed`, and
@@ -101,11 +147,7 @@ impl PreparedAttention for PreparedPaged<'_> {
 
 impl AttentionKernel for PagedAttention {
     fn name(&self) -> String {
-        match self.split {
-            SplitKv::Off => format!("paged:bs={}", self.block_size),
-            SplitKv::Auto => format!("paged:bs={},split=auto", self.block_size),
-            SplitKv::Tokens(n) => format!("paged:bs={},split={n}", self.block_size),
-        }
+        variant_name("paged", self.block_size, self.split)
     }
 
     fn supports(&self, shape: &AttentionShape, _dtype: DType, device: Device) -> Result<()> {
@@ -115,22 +157,12 @@ impl AttentionKernel for PagedAttention {
                 "paged decode takes q_len <= {MAX_Q_LEN} (prefill goes through flash2)"
             )));
         }
-        if !shape.causal && shape.q_len > 1 {
-            return Err(KernelError::Unsupported(
-                "paged decode is causal over the context; q_len > 1 needs causal".into(),
-            ));
-        }
-        Ok(())
+        require_causal(shape)
     }
 
     /// Compulsory traffic plus the block tables.
     fn cost(&self, shape: &AttentionShape, dtype: DType) -> Cost {
-        let io = shape.io_cost(dtype);
-        let table_bytes = 4 * (shape.batch * shape.kv_len.div_ceil(self.block_size)) as u64;
-        Cost {
-            bytes: io.bytes + table_bytes,
-            flops: io.flops,
-        }
+        paged_cost(self.block_size, shape, dtype)
     }
 
     fn prepare<'a>(
@@ -138,17 +170,10 @@ impl AttentionKernel for PagedAttention {
         shape: &AttentionShape,
         inputs: &'a AttentionInputs,
     ) -> Result<Box<dyn PreparedAttention + 'a>> {
-        shape.validate()?;
-        inputs.check(shape)?;
         self.supports(shape, inputs.dtype(), Device::Cpu)?;
-        let (pool, batch) = build_pool(
-            shape,
-            inputs,
-            self.block_size,
-            kernel_common::inputs::derive_seed(0x9A6E, shape.kv_len as u64),
-        )?;
+        let (pool, batch) = experiment_pool(shape, inputs, self.block_size)?;
         Ok(Box::new(PreparedPaged {
-            shape: Self::decode_shape(shape),
+            shape: decode_shape(shape),
             batch,
             pool,
             q: &inputs.q,

@@ -8,6 +8,7 @@ use kernel_common::cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes, i32_from
 use kernel_common::cuda::{
     blocks_for, dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch,
 };
+use kernel_common::cudarc::driver::CudaSlice;
 use kernel_common::error::Result;
 use kernel_common::{cuda_launch, Buffer, KernelError};
 
@@ -143,6 +144,27 @@ pub fn capacity_cuda(cfg: &MoeConfig, experts: &[i32], gate_probs: &[f32]) -> Re
     Ok(i32_from_bytes(&rt.download(&pos)?))
 }
 
+/// top_k, d_model and slots per expert as the movement kernels' int arguments.
+fn movement_args(cfg: &MoeConfig) -> Result<(i32, i32, i32)> {
+    Ok((
+        int_arg("top_k", cfg.top_k)?,
+        int_arg("d_model", cfg.d_model)?,
+        int_arg("slots", slots_per_expert(cfg))?,
+    ))
+}
+
+/// The routing decisions (experts, positions) on the device.
+fn upload_decisions(
+    rt: &CudaRuntime,
+    experts: &[i32],
+    positions: &[i32],
+) -> Result<(CudaSlice<u8>, CudaSlice<u8>)> {
+    Ok((
+        rt.upload(&i32_bytes(experts))?,
+        rt.upload(&i32_bytes(positions))?,
+    ))
+}
+
 /// Dispatch on the device: x `[tokens, d_model]` → expert slots `[experts, slots, d_model]`
 /// (slots no kept assignment fills stay NaN).
 pub fn dispatch_cuda(
@@ -161,16 +183,9 @@ pub fn dispatch_cuda(
     )?;
     let launch = Launch::new((t * k, 1, 1), 128, 0)?;
     let xd = DeviceBuffer::upload(&rt, x)?;
-    let (ed, pd) = (
-        rt.upload(&i32_bytes(experts))?,
-        rt.upload(&i32_bytes(positions))?,
-    );
+    let (ed, pd) = upload_decisions(&rt, experts, positions)?;
     let mut out = DeviceBuffer::poisoned(&rt, x.dtype(), cfg.experts * slots * d)?;
-    let (ki, di, si) = (
-        int_arg("top_k", k)?,
-        int_arg("d_model", d)?,
-        int_arg("slots", slots)?,
-    );
+    let (ki, di, si) = movement_args(cfg)?;
     cuda_launch!(
         rt,
         f,
@@ -196,7 +211,7 @@ pub fn combine_cuda(
     positions: &[i32],
     weights: &[f32],
 ) -> Result<Buffer> {
-    let (t, d, k) = (cfg.tokens, cfg.d_model, cfg.top_k);
+    let (t, d) = (cfg.tokens, cfg.d_model);
     let slots = slots_per_expert(cfg);
     let dt = expert_out.dtype();
     expert_out.expect("expert_out", dt, cfg.experts * slots * d)?;
@@ -204,17 +219,10 @@ pub fn combine_cuda(
     let f = rt.function(&SOURCE, &format!("moe_combine_{}", dtype_suffix(dt)))?;
     let launch = Launch::new((t, 1, 1), 128, 0)?;
     let yd = DeviceBuffer::upload(&rt, expert_out)?;
-    let (ed, pd, wd) = (
-        rt.upload(&i32_bytes(experts))?,
-        rt.upload(&i32_bytes(positions))?,
-        rt.upload(&f32_bytes(weights))?,
-    );
+    let (ed, pd) = upload_decisions(&rt, experts, positions)?;
+    let wd = rt.upload(&f32_bytes(weights))?;
     let mut out = DeviceBuffer::poisoned(&rt, dt, t * d)?;
-    let (ki, di, si) = (
-        int_arg("top_k", k)?,
-        int_arg("d_model", d)?,
-        int_arg("slots", slots)?,
-    );
+    let (ki, di, si) = movement_args(cfg)?;
     cuda_launch!(
         rt,
         f,

@@ -4,7 +4,7 @@
 //! unit-tested on the CPU; `paged_decode_cuda`/`paged_append_cuda` run one call on the device
 //! and `CudaPaged` (`cuda_paged:bs=..,split=..`) stands beside `paged` in experiments.
 
-use crate::adapter::build_pool;
+use crate::adapter::{decode_shape, experiment_pool, paged_cost, require_causal, variant_name};
 use crate::decode::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use attention_kernels::cuda::{cuda_only, CUDA_HEAD_DIMS};
@@ -42,8 +42,10 @@ pub const ROWS_PER_WARP: usize = 2;
 pub const MAX_WARPS: usize = 8;
 /// Shortest partition the automatic split makes.
 pub const AUTO_MIN_PARTITION: usize = 256;
-/// Blocks per multiprocessor the automatic split aims for.
-pub const AUTO_BLOCKS_PER_SM: usize = 2;
+/// Blocks per multiprocessor the automatic split aims for. A decode block is 1–8 warps with
+/// ~2 KiB of K/V loads in flight per warp; an H200 SM needs ~20–30 KiB in flight to stream at
+/// full bandwidth (4.3 TB/s / 132 SMs × ~0.7 µs latency), so 8 blocks of 2 warps, not 2.
+pub const AUTO_BLOCKS_PER_SM: usize = 8;
 
 /// Everything one decode call launches.
 #[derive(Debug, Clone, PartialEq)]
@@ -363,20 +365,12 @@ pub struct CudaPaged {
 
 impl AttentionKernel for CudaPaged {
     fn name(&self) -> String {
-        match self.split {
-            SplitKv::Off => format!("cuda_paged:bs={}", self.block_size),
-            SplitKv::Auto => format!("cuda_paged:bs={},split=auto", self.block_size),
-            SplitKv::Tokens(n) => format!("cuda_paged:bs={},split={n}", self.block_size),
-        }
+        variant_name("cuda_paged", self.block_size, self.split)
     }
 
     fn supports(&self, shape: &AttentionShape, dtype: DType, device: Device) -> Result<()> {
         cuda_only("cuda_paged", device)?;
-        if !shape.causal && shape.q_len > 1 {
-            return Err(KernelError::Unsupported(
-                "paged decode is causal over the context; q_len > 1 needs causal".into(),
-            ));
-        }
+        require_causal(shape)?;
         let ds = decode_shape(shape);
         plan_decode(
             &ds,
@@ -389,12 +383,7 @@ impl AttentionKernel for CudaPaged {
     }
 
     fn cost(&self, shape: &AttentionShape, dtype: DType) -> Cost {
-        let io = shape.io_cost(dtype);
-        let table_bytes = 4 * (shape.batch * shape.kv_len.div_ceil(self.block_size)) as u64;
-        Cost {
-            bytes: io.bytes + table_bytes,
-            flops: io.flops,
-        }
+        paged_cost(self.block_size, shape, dtype)
     }
 
     fn prepare<'a>(
@@ -402,14 +391,7 @@ impl AttentionKernel for CudaPaged {
         shape: &AttentionShape,
         inputs: &'a AttentionInputs,
     ) -> Result<Box<dyn PreparedAttention + 'a>> {
-        shape.validate()?;
-        inputs.check(shape)?;
-        let (pool, batch) = build_pool(
-            shape,
-            inputs,
-            self.block_size,
-            kernel_common::inputs::derive_seed(0x9A6E, shape.kv_len as u64),
-        )?;
+        let (pool, batch) = experiment_pool(shape, inputs, self.block_size)?;
         Ok(Box::new(PreparedCudaPaged(DeviceDecode::new(
             &decode_shape(shape),
             &batch,
@@ -417,16 +399,6 @@ impl AttentionKernel for CudaPaged {
             &inputs.q,
             self.split,
         )?)))
-    }
-}
-
-fn decode_shape(shape: &AttentionShape) -> PagedDecodeShape {
-    PagedDecodeShape {
-        q_heads: shape.q_heads,
-        kv_heads: shape.kv_heads,
-        head_dim: shape.head_dim,
-        q_len: shape.q_len,
-        scale: shape.scale,
     }
 }
 
@@ -507,11 +479,20 @@ mod tests {
 
     #[test]
     fn auto_split_fills_the_device_but_keeps_partitions_long() {
-        // 1 sequence × 8 KV heads = 8 blocks unsplit; 264 wanted → 33 partitions of 497.
+        // 1 sequence × 8 KV heads = 8 blocks unsplit; 1056 wanted → 132 partitions of 125,
+        // raised to the 256-token minimum.
         let t = partition_tokens(SplitKv::Auto, 16_384, 8, 132);
-        assert_eq!(t, 16_384usize.div_ceil(33));
-        // A big batch already fills the device: no split below the minimum.
-        assert_eq!(partition_tokens(SplitKv::Auto, 16_384, 8 * 64, 132), 16_384);
+        assert_eq!(t, AUTO_MIN_PARTITION);
+        // 8 sequences × 8 KV heads = 64 blocks; 1056 wanted → 17 partitions of 964.
+        assert_eq!(
+            partition_tokens(SplitKv::Auto, 16_384, 64, 132),
+            16_384usize.div_ceil(17)
+        );
+        // A big batch already fills the device: no split.
+        assert_eq!(
+            partition_tokens(SplitKv::Auto, 16_384, 8 * 132, 132),
+            16_384
+        );
         // A short context is not cut below the minimum; one shorter than it stays whole.
         assert_eq!(
             partition_tokens(SplitKv::Auto, 600, 8, 132),
