@@ -249,15 +249,37 @@ pub const CUDA_COPY_BYTES: usize = 2 << 30;
 /// n of the n×n×n bf16 GEMM.
 pub const CUDA_GEMM_N: usize = 8192;
 
+/// `$WORKBENCH_CUDA_ROOFLINE=MIB,N` shrinks the copy to MIB MiB and the GEMM to N (a multiple
+/// of 128): for tests on the CPU emulator, where the full sizes would take hours.
+fn cuda_roofline_sizes() -> Result<(usize, usize)> {
+    let Ok(text) = std::env::var("WORKBENCH_CUDA_ROOFLINE") else {
+        return Ok((CUDA_COPY_BYTES, CUDA_GEMM_N));
+    };
+    text.split_once(',')
+        .and_then(|(m, n)| {
+            Some((
+                m.trim().parse::<usize>().ok()? << 20,
+                n.trim().parse().ok()?,
+            ))
+        })
+        .filter(|&(m, n)| m > 0 && n > 0)
+        .ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "WORKBENCH_CUDA_ROOFLINE='{text}' must be COPY_MIB,GEMM_N (e.g. 16,256)"
+            ))
+        })
+}
+
 /// CUDA device `ordinal`'s ceilings as a `Roofline`: `read_gbps` is a 2 GiB device-to-device
 /// copy's bytes read plus written per second, `fma_gflops` the bf16 rate of the workbench's
 /// own tensor-core GEMM (roofline.cu: mma.sync, not cuBLAS, so a lower bound on the chip's);
 /// `cpu_model` names the GPU and `threads` counts its multiprocessors.
 pub fn measure_cuda(ordinal: usize) -> Result<Roofline> {
     use kernel_common::cuda::{roofline as dev, CudaRuntime};
+    let (copy_bytes, gemm_n) = cuda_roofline_sizes()?;
     let rt = CudaRuntime::get(ordinal)?;
-    let read_gbps = dev::copy_gbps(&rt, CUDA_COPY_BYTES, 20)?;
-    let gemm = dev::gemm_bf16_gflops(&rt, CUDA_GEMM_N, 10, 0x600F)?;
+    let read_gbps = dev::copy_gbps(&rt, copy_bytes, 20)?;
+    let gemm = dev::gemm_bf16_gflops(&rt, gemm_n, 10, 0x600F)?;
     let now = machine::now_rfc3339();
     Ok(Roofline {
         machine: format!("cuda-{}", slug(&rt.name)),
@@ -268,13 +290,13 @@ pub fn measure_cuda(ordinal: usize) -> Result<Roofline> {
         fma_isa: format!(
             "bf16 mma.sync.m16n8k16, workbench GEMM {n}x{n}x{n} (sampled rel. err {:.1e})",
             gemm.max_rel_err,
-            n = CUDA_GEMM_N
+            n = gemm_n
         ),
         read_measured_at: now.clone(),
         fma_measured_at: now,
         method: format!(
             "CUDA events, median: 20 device-to-device copies of {} MiB (read + write bytes); 10 bf16 GEMMs on seeded normal data, checked on 64 sampled entries first",
-            CUDA_COPY_BYTES >> 20
+            copy_bytes >> 20
         ),
     })
 }

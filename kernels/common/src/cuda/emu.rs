@@ -41,6 +41,7 @@ pub struct EmuModule {
     _lib: libloading::Library,
     run: RunFn,
     file: &'static str,
+    path: PathBuf,
 }
 
 /// Why the emulator cannot run here, or `None` when g++ is available.
@@ -68,6 +69,14 @@ impl EmuModule {
         text.push_str(
             "    std::snprintf(err, err_len, \"no entry %s\", entry);\n    return 2;\n}\n",
         );
+        // Which entries this library has (the fake libcuda routes launches by it).
+        text.push_str("extern \"C\" int emu_has(const char* entry) {\n");
+        for e in source.entries {
+            text.push_str(&format!(
+                "    if (std::strcmp(entry, \"{e}\") == 0) return 1;\n"
+            ));
+        }
+        text.push_str("    return 0;\n}\n");
         let mut h = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut h);
         let dir = std::env::temp_dir().join("workbench-cuda-emu");
@@ -109,6 +118,16 @@ impl EmuModule {
                 .map_err(|e| KernelError::Device(format!("emulator: {e}")))?;
             let _ = std::fs::remove_file(&cpp);
         }
+        Self::load(source, lib)
+    }
+
+    /// The shared library for `source` (built if needed), for loaders other than this one
+    /// (the fake libcuda of the tests).
+    pub fn library(source: &KernelSource) -> Result<PathBuf> {
+        Ok(Self::build(source)?.path)
+    }
+
+    fn load(source: &KernelSource, lib: PathBuf) -> Result<EmuModule> {
         // SAFETY: the library was just built from our sources; loading runs no constructors
         // beyond the C++ runtime's.
         let loaded = unsafe { libloading::Library::new(&lib) }.map_err(|e| {
@@ -124,6 +143,7 @@ impl EmuModule {
             _lib: loaded,
             run,
             file: source.file,
+            path: lib,
         })
     }
 

@@ -1,0 +1,211 @@
+//! `--device cuda` end to end without a GPU: the harness binary runs against a stand-in CUDA
+//! driver (`tests/fake_cuda/libcuda.c`: host memory for device memory, kernels launched on the
+//! CPU emulator) with the real NVRTC. This exercises everything a GPU run does on the host —
+//! probing, NVRTC compilation and module loading, uploads, every launcher's argument packing,
+//! downloads, event timing, the CSV rows — and checks that every CUDA variant passes against
+//! the CPU references. Times from it mean nothing. Skips without gcc/g++ or NVRTC, unless
+//! WORKBENCH_REQUIRE_NVRTC is set (CI).
+
+use kernel_common::cuda::emu::{unavailable, EmuModule};
+use kernel_common::cuda::nvrtc::{include_dirs, nvrtc_present};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_harness");
+
+/// The folder holding the fake `libcuda.so`, and the emulator libraries, or why not.
+fn fake_driver() -> Option<(PathBuf, String)> {
+    let required = std::env::var_os("WORKBENCH_REQUIRE_NVRTC").is_some();
+    let missing = if !nvrtc_present() || include_dirs().is_empty() {
+        Some("NVRTC or the CUDA headers are missing (source scripts/fetch-nvrtc.sh)".to_string())
+    } else {
+        unavailable()
+    };
+    if let Some(why) = missing {
+        assert!(!required, "WORKBENCH_REQUIRE_NVRTC is set but {why}");
+        eprintln!("SKIPPED fake-driver CUDA run: {why}");
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("workbench-fake-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake_cuda/libcuda.c");
+    let out = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(dir.join("libcuda.so"))
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let libs: Vec<String> = harness::cuda_sources()
+        .iter()
+        .map(|s| {
+            EmuModule::library(s)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .display()
+                .to_string()
+        })
+        .collect();
+    Some((dir, libs.join(":")))
+}
+
+fn run(dir: &Path, libs: &str, results: &Path, args: &[&str]) -> Output {
+    let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    Command::new(BIN)
+        .arg("--results-dir")
+        .arg(results)
+        .args(args)
+        .env("LD_LIBRARY_PATH", format!("{}:{ld}", dir.display()))
+        .env("WORKBENCH_EMU_LIBS", libs)
+        .env("WORKBENCH_CUDA_ROOFLINE", "16,128")
+        .output()
+        .expect("harness runs")
+}
+
+fn ok(out: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The header, then every row, of the CSVs in `dir`.
+fn csv_rows(dir: &Path) -> Vec<csv::StringRecord> {
+    let mut rows = vec![];
+    let mut headers = None;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "csv") {
+            let mut r = csv::Reader::from_path(&p).unwrap();
+            headers = Some(r.headers().unwrap().clone());
+            rows.extend(r.records().map(Result::unwrap));
+        }
+    }
+    if let Some(h) = headers {
+        rows.insert(0, h);
+    }
+    rows
+}
+
+fn column(rows: &[csv::StringRecord], name: &str) -> Vec<String> {
+    let at = rows[0].iter().position(|h| h == name).expect("column");
+    rows[1..].iter().map(|r| r[at].to_string()).collect()
+}
+
+#[test]
+fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
+    let Some((dir, libs)) = fake_driver() else {
+        return;
+    };
+    let results = dir.join("results");
+    let exps = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    let exps = exps.to_str().unwrap();
+
+    let out = run(&dir, &libs, &results, &["roofline", "--device", "cuda"]);
+    let text = ok(&out, "roofline");
+    assert!(text.contains("fake libcuda"), "{text}");
+
+    let out = run(
+        &dir,
+        &libs,
+        &results,
+        &[
+            "check", "--device", "cuda", "--cases", "1", "--dtype", "f32", "--dtype", "bf16",
+        ],
+    );
+    let text = ok(&out, "check --device cuda");
+    let rows = csv_rows(&results.join("check"));
+    let variants = column(&rows, "variant");
+    let status = column(&rows, "status");
+    for want in [
+        "cuda_naive",
+        "cuda_flash2",
+        "cuda_paged:bs=16",
+        "cuda_paged_decode",
+        "cuda_paged_decode:split=auto",
+        "cuda_append_roundtrip",
+        "cuda_gemv",
+        "cuda_router",
+        "cuda_topk",
+        "cuda_capacity",
+        "cuda_dispatch",
+        "cuda_combine",
+        "cuda_tree",
+    ] {
+        let passed = variants
+            .iter()
+            .zip(&status)
+            .filter(|(v, s)| v.as_str() == want && s.as_str() == "pass")
+            .count();
+        assert!(passed > 0, "no passing {want} row:\n{text}");
+    }
+    assert!(!status.iter().any(|s| s == "fail"), "{text}");
+    assert!(
+        variants.iter().all(|v| v.starts_with("cuda")),
+        "a CPU variant ran under --device cuda"
+    );
+
+    for (exp, sets) in [
+        (
+            "flash_vs_paged",
+            &[
+                "--quick",
+                "--set",
+                "kv_len=128",
+                "--set",
+                "batch=1",
+                "--set",
+                "dtype=bf16",
+            ][..],
+        ),
+        (
+            "quant_tradeoff",
+            &[
+                "--quick",
+                "--set",
+                "shape=64x256",
+                "--set",
+                "batch=1,8",
+                "--set",
+                "format=f16,q8_0,q4_0,sym4g32",
+            ][..],
+        ),
+    ] {
+        let mut args = vec![
+            "--experiments-dir",
+            exps,
+            "exp",
+            exp,
+            "--device",
+            "cuda",
+            "--reps",
+            "2",
+        ];
+        args.extend_from_slice(sets);
+        let out = run(&dir, &libs, &results, &args);
+        ok(&out, exp);
+        let rows = csv_rows(&results.join(exp));
+        let status = column(&rows, "status");
+        assert!(!status.is_empty(), "{exp}: no rows");
+        // Paged decode refuses prefill (q_len > 16): those rows are `unsupported`.
+        let variant = column(&rows, "variant");
+        assert!(
+            status
+                .iter()
+                .zip(&variant)
+                .all(|(s, v)| s == "ok" || (s == "unsupported" && v.starts_with("cuda_paged"))),
+            "{exp}: statuses {status:?} of {variant:?}"
+        );
+        assert!(status.iter().filter(|s| *s == "ok").count() >= 4);
+        assert!(column(&rows, "device").iter().all(|d| d == "cuda:0"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
