@@ -38,8 +38,9 @@ step() { echo; echo "=== $* ($(date -u +%T))"; }
     step "flash_vs_paged decode"
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp flash_vs_paged --device cuda --reps 20 \
         --set mode=decode --set dtype=bf16 --set batch=8,32 --set heads=gqa --set kv_len=4096,16384 \
-        --variant cuda_paged:bs=16 --variant cuda_paged:bs=16,split=auto --variant cuda_paged:bs=16,split=4096 \
-        --variant cuda_paged:bs=128,split=auto --variant cuda_flash2
+        --variant cuda_paged:bs=16 --variant cuda_paged:bs=16,unroll=2 \
+        --variant cuda_paged:bs=16,split=auto --variant cuda_paged:bs=16,split=auto,unroll=2 \
+        --variant cuda_paged:bs=16,split=4096 --variant cuda_paged:bs=128,split=auto --variant cuda_flash2
     step "flash_vs_paged prefill"
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp flash_vs_paged --device cuda --reps 10 \
         --set mode=prefill --set dtype=bf16 --set batch=1 --set heads=gqa --set kv_len=1024,4096,8192 \

@@ -111,9 +111,15 @@ fn attention_naive_and_flash2_match_the_reference() {
 }
 
 /// Runs the decode (and the reduction) of `plan_decode` on the emulator.
-fn emulated_decode(m: &EmuModule, case: &paged_kernels::PagedCase, split: SplitKv) -> Vec<f32> {
+fn emulated_decode(
+    m: &EmuModule,
+    case: &paged_kernels::PagedCase,
+    split: SplitKv,
+    unroll: usize,
+) -> Vec<f32> {
     let dtype = case.pool.dtype();
-    let p = plan_decode(&case.shape, &case.batch.context_lens, dtype, split, 132).unwrap();
+    let lens = &case.batch.context_lens;
+    let p = plan_decode(&case.shape, lens, dtype, split, unroll, 132).unwrap();
     let (tables, width) = flat_tables(&case.batch.block_tables);
     let lens: Vec<i32> = case.batch.context_lens.iter().map(|&l| l as i32).collect();
     let (kp, vp, q) = (
@@ -200,10 +206,16 @@ fn paged_decode_unsplit_and_split_match_the_reference() {
     for s in &cases {
         let case = s.build().unwrap();
         let want = case.reference().unwrap();
-        for split in [SplitKv::Off, SplitKv::Tokens(37), SplitKv::Auto] {
-            let got = emulated_decode(&m, &case, split);
+        for (split, unroll) in [
+            (SplitKv::Off, 1),
+            (SplitKv::Tokens(37), 1),
+            (SplitKv::Auto, 1),
+            (SplitKv::Off, 2),
+            (SplitKv::Tokens(37), 2),
+        ] {
+            let got = emulated_decode(&m, &case, split, unroll);
             assert_close(
-                &format!("{} {split:?}", case.label()),
+                &format!("{} {split:?} unroll {unroll}", case.label()),
                 &got,
                 &want,
                 tolerance(s.dtype),

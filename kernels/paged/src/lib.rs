@@ -33,7 +33,7 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ),
     (
         "cuda_paged",
-        "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split; head_dim 64|128; --device cuda",
+        "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split, unroll (1|2 keys per lane group per step); head_dim 64|128; --device cuda",
     ),
 ];
 
@@ -44,12 +44,27 @@ pub fn kernel_from_spec(
     if spec.name != "paged" && spec.name != "cuda_paged" {
         return Ok(None);
     }
-    spec.only(&["bs", "split"])?;
+    let cuda = spec.name == "cuda_paged";
+    spec.only(if cuda {
+        &["bs", "split", "unroll"]
+    } else {
+        &["bs", "split"]
+    })?;
     let block_size = spec.get("bs", 16usize)?;
     let split = SplitKv::parse(spec.params.get("split").map_or("off", String::as_str))?;
     let cpu = PagedAttention::new(block_size, split)?;
-    if spec.name == "cuda_paged" {
-        return Ok(Some(Box::new(cuda::CudaPaged { block_size, split })));
+    if cuda {
+        let unroll = spec.get("unroll", 1usize)?;
+        if unroll != 1 && unroll != 2 {
+            return Err(kernel_common::KernelError::Unsupported(format!(
+                "cuda_paged: unroll must be 1 or 2, got {unroll}"
+            )));
+        }
+        return Ok(Some(Box::new(cuda::CudaPaged {
+            block_size,
+            split,
+            unroll,
+        })));
     }
     Ok(Some(Box::new(cpu)))
 }

@@ -23,14 +23,20 @@ pub const SOURCE: KernelSource = kernel_common::cuda_source!(
     &[
         "paged_decode_d64_f32",
         "paged_decode_d128_f32",
+        "paged_decode_k2_d64_f32",
+        "paged_decode_k2_d128_f32",
         "paged_reduce_f32",
         "paged_append_f32",
         "paged_decode_d64_f16",
         "paged_decode_d128_f16",
+        "paged_decode_k2_d64_f16",
+        "paged_decode_k2_d128_f16",
         "paged_reduce_f16",
         "paged_append_f16",
         "paged_decode_d64_bf16",
         "paged_decode_d128_bf16",
+        "paged_decode_k2_d64_bf16",
+        "paged_decode_k2_d128_bf16",
         "paged_reduce_bf16",
         "paged_append_bf16",
     ]
@@ -86,8 +92,14 @@ pub fn plan_decode(
     context_lens: &[usize],
     dtype: DType,
     split: SplitKv,
+    unroll: usize,
     sms: usize,
 ) -> Result<DecodePlan> {
+    if unroll != 1 && unroll != 2 {
+        return Err(KernelError::Unsupported(format!(
+            "cuda_paged: unroll (keys per lane group per step) is 1 or 2, not {unroll}"
+        )));
+    }
     if !CUDA_HEAD_DIMS.contains(&shape.head_dim) {
         return Err(KernelError::Unsupported(format!(
             "cuda_paged is built for head_dim 64 or 128, not {}",
@@ -118,7 +130,11 @@ pub fn plan_decode(
         None
     };
     Ok(DecodePlan {
-        decode_entry: format!("paged_decode_d{}_{dt}", shape.head_dim),
+        decode_entry: format!(
+            "paged_decode_{}d{}_{dt}",
+            if unroll == 2 { "k2_" } else { "" },
+            shape.head_dim
+        ),
         decode,
         part_tokens,
         parts,
@@ -173,12 +189,20 @@ impl DeviceDecode {
         pool: &KvPool,
         q: &Buffer,
         split: SplitKv,
+        unroll: usize,
     ) -> Result<DeviceDecode> {
         shape.validate(&pool.layout, batch)?;
         let dtype = pool.dtype();
         q.expect("q", dtype, shape.q_elems(batch.len()))?;
         let rt = CudaRuntime::current()?;
-        let plan = plan_decode(shape, &batch.context_lens, dtype, split, rt.sm_count)?;
+        let plan = plan_decode(
+            shape,
+            &batch.context_lens,
+            dtype,
+            split,
+            unroll,
+            rt.sm_count,
+        )?;
         let decode_fn = rt.function(&SOURCE, &plan.decode_entry)?;
         let reduce_fn = match &plan.reduce {
             Some((entry, _)) => Some(rt.function(&SOURCE, entry)?),
@@ -294,7 +318,7 @@ pub fn paged_decode_cuda(
     q: &Buffer,
     split: SplitKv,
 ) -> Result<Buffer> {
-    DeviceDecode::new(shape, batch, pool, q, split)?.run()
+    DeviceDecode::new(shape, batch, pool, q, split, 1)?.run()
 }
 
 /// Pool slots (`block · block_size + offset`) of positions `start..start+n` of a sequence.
@@ -361,11 +385,18 @@ pub fn paged_append_cuda(
 pub struct CudaPaged {
     pub block_size: usize,
     pub split: SplitKv,
+    /// Keys per lane group per step (1 or 2): `unroll=2` issues twice the loads at once.
+    pub unroll: usize,
 }
 
 impl AttentionKernel for CudaPaged {
     fn name(&self) -> String {
-        variant_name("cuda_paged", self.block_size, self.split)
+        let base = variant_name("cuda_paged", self.block_size, self.split);
+        if self.unroll == 1 {
+            base
+        } else {
+            format!("{base},unroll={}", self.unroll)
+        }
     }
 
     fn supports(&self, shape: &AttentionShape, dtype: DType, device: Device) -> Result<()> {
@@ -377,6 +408,7 @@ impl AttentionKernel for CudaPaged {
             &vec![shape.kv_len; shape.batch],
             dtype,
             self.split,
+            self.unroll,
             132,
         )
         .map(|_| ())
@@ -398,6 +430,7 @@ impl AttentionKernel for CudaPaged {
             &pool,
             &inputs.q,
             self.split,
+            self.unroll,
         )?)))
     }
 }
@@ -435,6 +468,7 @@ mod tests {
             &[4096, 100],
             DType::F16,
             SplitKv::Off,
+            1,
             132,
         )
         .unwrap();
@@ -450,7 +484,7 @@ mod tests {
     #[test]
     fn large_groups_are_cut_into_row_chunks() {
         // MQA, 32 heads × 4 new tokens = 128 rows: 8 warps × 2 rows = 16 per block → 8 chunks.
-        let p = plan_decode(&shape(32, 1, 4), &[64], DType::BF16, SplitKv::Off, 132).unwrap();
+        let p = plan_decode(&shape(32, 1, 4), &[64], DType::BF16, SplitKv::Off, 1, 132).unwrap();
         assert_eq!(p.decode.block.0, 256);
         assert_eq!(p.row_chunks, 8);
         assert_eq!(p.decode.grid.0, 8);
@@ -464,9 +498,11 @@ mod tests {
             &lens,
             DType::F32,
             SplitKv::Tokens(1024),
+            2,
             132,
         )
         .unwrap();
+        assert_eq!(p.decode_entry, "paged_decode_k2_d128_f32");
         assert_eq!(p.parts, 10); // ⌈10000 / 1024⌉
         assert_eq!(p.decode.grid, (8, 3, 10));
         assert!(p.parts * p.part_tokens >= 10_000);
@@ -509,8 +545,9 @@ mod tests {
     fn refusals_and_slots() {
         let mut s = shape(8, 8, 1);
         s.head_dim = 80;
-        assert!(plan_decode(&s, &[10], DType::F16, SplitKv::Off, 132).is_err());
-        assert!(plan_decode(&shape(8, 8, 17), &[100], DType::F16, SplitKv::Off, 132).is_err());
+        assert!(plan_decode(&s, &[10], DType::F16, SplitKv::Off, 1, 132).is_err());
+        assert!(plan_decode(&shape(8, 8, 1), &[10], DType::F16, SplitKv::Off, 3, 132).is_err());
+        assert!(plan_decode(&shape(8, 8, 17), &[100], DType::F16, SplitKv::Off, 1, 132).is_err());
         let layout = PoolLayout {
             num_blocks: 8,
             block_size: 4,

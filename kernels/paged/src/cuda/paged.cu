@@ -5,7 +5,7 @@
 //
 // paged_decode_d{64,128}_*: one block per (KV head · row chunk, sequence, partition).
 //   Each warp owns 2 query rows of the KV head's group and walks the partition's keys four
-//   at a time: 8 lanes per key, each lane 8·(d/64) contiguous elements (16-byte loads), a
+//   at a time (paged_decode_k2_*: eight, their loads issued together): 8 lanes per key, each lane 8·(d/64) contiguous elements (16-byte loads), a
 //   3-shuffle dot product, an online softmax per (row, key lane group) in the log2 domain,
 //   merged across the 4 groups at the end. K/V rows are read once per row chunk.
 //   One partition: normalised output written directly. Several: f32 partial outputs and
@@ -15,7 +15,7 @@
 
 constexpr int ROWS_PER_WARP = 2;
 
-template <typename T, int D>
+template <typename T, int D, int KPI>
 __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
                              const T* __restrict__ vp, const int* __restrict__ tables,
                              const int* __restrict__ ctx_lens, T* __restrict__ out,
@@ -58,36 +58,45 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
     }
     const int* table = tables + (size_t)b * max_blocks;
     // Every lane runs every step (the dot products shuffle across the warp); a key group
-    // past the partition's end loads nothing and skips the update.
-    for (int j0 = k_begin; j0 < k_end; j0 += 4) {
-        const int j = j0 + kg;
-        const bool live = j < k_end;
-        float kv[CH * 8], vv[CH * 8];
-        if (live) {
-            const size_t at = (((size_t)table[j / bs] * hkv + h) * bs + (j % bs)) * D;
+    // past the partition's end loads nothing and skips the update. Each step issues the
+    // loads of KPI keys per key group (4·KPI per warp) before any arithmetic: the bytes in
+    // flight that a memory-bound loop needs.
+    for (int j0 = k_begin; j0 < k_end; j0 += 4 * KPI) {
+        float kv[KPI][CH * 8], vv[KPI][CH * 8];
 #pragma unroll
-            for (int c = 0; c < CH; ++c) {
-                load8(kp + at + c * 64 + sub * 8, &kv[c * 8]);
-                load8(vp + at + c * 64 + sub * 8, &vv[c * 8]);
+        for (int u = 0; u < KPI; ++u) {
+            const int j = j0 + kg + 4 * u;
+            if (j < k_end) {
+                const size_t at = (((size_t)table[j / bs] * hkv + h) * bs + (j % bs)) * D;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    load8(kp + at + c * 64 + sub * 8, &kv[u][c * 8]);
+                    load8(vp + at + c * 64 + sub * 8, &vv[u][c * 8]);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < CH * 8; ++e) kv[u][e] = vv[u][e] = 0.0f;
             }
-        } else {
-#pragma unroll
-            for (int e = 0; e < CH * 8; ++e) kv[e] = vv[e] = 0.0f;
         }
 #pragma unroll
-        for (int r = 0; r < ROWS_PER_WARP; ++r) {
-            float s = 0.0f;
+        for (int u = 0; u < KPI; ++u) {
+            const int j = j0 + kg + 4 * u;
+            const bool live = j < k_end;
 #pragma unroll
-            for (int e = 0; e < CH * 8; ++e) s += qv[r][e] * kv[e];
-            s = group_sum(s, 8);
-            if (!live || j > last_key[r]) continue;  // uniform over the 8 lanes of the key
-            const float mnew = fmaxf(m[r], s);
-            const float corr = exp2f(m[r] - mnew);  // m = -inf → 0
-            const float p = exp2f(s - mnew);
-            l[r] = l[r] * corr + p;
+            for (int r = 0; r < ROWS_PER_WARP; ++r) {
+                float s = 0.0f;
 #pragma unroll
-            for (int e = 0; e < CH * 8; ++e) acc[r][e] = acc[r][e] * corr + p * vv[e];
-            m[r] = mnew;
+                for (int e = 0; e < CH * 8; ++e) s += qv[r][e] * kv[u][e];
+                s = group_sum(s, 8);
+                if (!live || j > last_key[r]) continue;  // uniform over the 8 lanes of the key
+                const float mnew = fmaxf(m[r], s);
+                const float corr = exp2f(m[r] - mnew);  // m = -inf → 0
+                const float p = exp2f(s - mnew);
+                l[r] = l[r] * corr + p;
+#pragma unroll
+                for (int e = 0; e < CH * 8; ++e) acc[r][e] = acc[r][e] * corr + p * vv[u][e];
+                m[r] = mnew;
+            }
         }
     }
     // Merge the 4 key groups (lanes sub, sub+8, sub+16, sub+24).
@@ -178,17 +187,19 @@ __device__ void paged_append(const T* __restrict__ k_new, const T* __restrict__ 
     }
 }
 
-#define PAGED_DECODE_ENTRY(T, NAME, D)                                                            \
-    extern "C" __global__ void __launch_bounds__(256) paged_decode_d##D##_##NAME(                \
+#define PAGED_DECODE_ENTRY(T, NAME, D, KPI, PREFIX)                                               \
+    extern "C" __global__ void __launch_bounds__(256) PREFIX##D##_##NAME(                        \
         const T* q, const T* kp, const T* vp, const int* tables, const int* ctx_lens, T* out,    \
         float* part_o, float* part_lse, int batch, int hq, int hkv, int q_len, int bs,           \
         int max_blocks, int part_tokens, int row_chunks, float scale) {                          \
-        paged_decode<T, D>(q, kp, vp, tables, ctx_lens, out, part_o, part_lse, batch, hq, hkv,   \
-                           q_len, bs, max_blocks, part_tokens, row_chunks, scale);               \
+        paged_decode<T, D, KPI>(q, kp, vp, tables, ctx_lens, out, part_o, part_lse, batch, hq,   \
+                                hkv, q_len, bs, max_blocks, part_tokens, row_chunks, scale);     \
     }
 #define PAGED_ENTRIES(T, NAME)                                                                    \
-    PAGED_DECODE_ENTRY(T, NAME, 64)                                                               \
-    PAGED_DECODE_ENTRY(T, NAME, 128)                                                              \
+    PAGED_DECODE_ENTRY(T, NAME, 64, 1, paged_decode_d)                                            \
+    PAGED_DECODE_ENTRY(T, NAME, 128, 1, paged_decode_d)                                           \
+    PAGED_DECODE_ENTRY(T, NAME, 64, 2, paged_decode_k2_d)                                         \
+    PAGED_DECODE_ENTRY(T, NAME, 128, 2, paged_decode_k2_d)                                        \
     extern "C" __global__ void paged_reduce_##NAME(const float* part_o, const float* part_lse,   \
                                                    const int* ctx_lens, T* out, int batch,       \
                                                    int hq, int q_len, int d, int part_tokens) {  \
