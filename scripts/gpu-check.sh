@@ -44,7 +44,7 @@ step() { echo; echo "=== $* ($(date -u +%T))"; }
     step "flash_vs_paged prefill"
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp flash_vs_paged --device cuda --reps 10 \
         --set mode=prefill --set dtype=bf16 --set batch=1 --set heads=gqa --set kv_len=1024,4096,8192 \
-        --variant cuda_flash2 --variant cuda_naive
+        --variant cuda_flash2 --variant cuda_flash2:pipe=1 --variant cuda_naive
     step "torch sdpa (same prefill shapes)"
     timeout 120 python3 scripts/sdpa_bench.py "$OUT/sdpa.csv"
     step "quant GEMV"

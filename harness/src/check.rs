@@ -256,6 +256,7 @@ fn check_attention(ctx: &mut Ctx) -> Result<()> {
                 .iter()
                 .filter(|v| !v.contains("br="))
                 .map(|v| format!("cuda_{v}"))
+                .chain(["cuda_flash2:pipe=1".to_string()])
                 .collect()
         } else {
             cpu_variants.to_vec()

@@ -128,6 +128,7 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
     for want in [
         "cuda_naive",
         "cuda_flash2",
+        "cuda_flash2:pipe=1",
         "cuda_paged:bs=16",
         "cuda_paged_decode",
         "cuda_paged_decode:split=auto",

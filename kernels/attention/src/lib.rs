@@ -172,7 +172,7 @@ pub const VARIANTS: &[(&str, &str)] = &[
     ),
     (
         "cuda_flash2",
-        "CUDA FlashAttention-2: 64-row blocks, 64-key tiles, m16n8k16 tensor-core MMAs, f16/bf16, head_dim 64|128; --device cuda",
+        "CUDA FlashAttention-2: 64-row blocks, 64-key tiles, m16n8k16 tensor-core MMAs, f16/bf16, head_dim 64|128; param pipe (0 | 1: cp.async double-buffered K/V, ldmatrix fragments); --device cuda",
     ),
 ];
 
@@ -211,10 +211,17 @@ pub fn kernel_from_spec(spec: &VariantSpec) -> Result<Option<Box<dyn AttentionKe
             })
         }
         "cuda_flash2" => {
-            spec.only(&[])?;
-            Box::new(cuda::CudaAttention {
-                algo: cuda::CudaAlgo::Flash2,
-            })
+            spec.only(&["pipe"])?;
+            let algo = match spec.get("pipe", 0usize)? {
+                0 => cuda::CudaAlgo::Flash2,
+                1 => cuda::CudaAlgo::Flash2Pipelined,
+                n => {
+                    return Err(KernelError::Unsupported(format!(
+                        "cuda_flash2: pipe must be 0 or 1, got {n}"
+                    )))
+                }
+            };
+            Box::new(cuda::CudaAttention { algo })
         }
         _ => return Ok(None),
     }))

@@ -226,3 +226,166 @@ FLASH2_ENTRY(__half, f16, 64)
 FLASH2_ENTRY(__half, f16, 128)
 FLASH2_ENTRY(bf16, bf16, 64)
 FLASH2_ENTRY(bf16, bf16, 128)
+
+// flash2p_d{64,128}_*: the same algorithm with the K/V tiles double-buffered by cp.async (tile
+// t+1 streams in while tile t is computed) and the K and V B-fragments read with ldmatrix (V
+// transposed on the way), four fragments per instruction. 64-key tiles at d 64, 32-key tiles
+// at d 128 (two stages of K and V within the 48 KiB of static shared memory).
+template <typename T, int D, int BC>
+__device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        T* __restrict__ o, int hq, int hkv, int lq, int lk, int causal, float scale) {
+    constexpr int LD = D + FA_PAD;
+    __shared__ __align__(16) T ks[2][BC * LD];
+    __shared__ __align__(16) T vs[2][BC * LD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.y;
+    const int b = bh / hq, h = bh % hq, hk = h / (hq / hkv);
+    const int row0 = blockIdx.x * FA_BR + warp * 16;
+    const T* qb = q + (size_t)bh * lq * D;
+    const T* kb = k + ((size_t)b * hkv + hk) * lk * D;
+    const T* vb = v + ((size_t)b * hkv + hk) * lk * D;
+    const int r_lo = row0 + g, r_hi = row0 + g + 8;
+
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int c = kk * 16 + t4 * 2;
+        qa[kk][0] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c) : 0u;
+        qa[kk][1] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c) : 0u;
+        qa[kk][2] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c + 8) : 0u;
+        qa[kk][3] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c + 8) : 0u;
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l[2] = {0.0f, 0.0f};
+    const int offset = lk - lq;
+    const int last_row = min(lq, (int)blockIdx.x * FA_BR + FA_BR) - 1;
+    const int kend = causal ? min(lk, offset + last_row + 1) : lk;
+    const float sl2 = scale * 1.4426950408889634f;
+    const int tiles = (kend + BC - 1) / BC;
+    // Rows past kv_len are zero-filled (a 0-byte source).
+    auto load_tile = [&](int tile, int stage) {
+        const int j0 = tile * BC;
+        for (int c = threadIdx.x; c < BC * D / 8; c += blockDim.x) {
+            const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+            const bool in = j0 + r < lk;
+            const size_t src = (size_t)(in ? j0 + r : 0) * D + col;
+            cp_async16(&ks[stage][r * LD + col], kb + src, in ? 16 : 0);
+            cp_async16(&vs[stage][r * LD + col], vb + src, in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    if (tiles > 0) load_tile(0, 0);
+    // ldmatrix: lane names row (lane % 8) of matrix (lane / 8).
+    const int mat = lane >> 3, mrow = lane & 7;
+    for (int t = 0; t < tiles; ++t) {
+        const int stage = t & 1;
+        if (t + 1 < tiles) {
+            load_tile(t + 1, stage ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile t is in shared memory for every thread
+        const T* kt = ks[stage];
+        const T* vt = vs[stage];
+        const int j0 = t * BC;
+        float s[BC / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int np = 0; np < BC / 16; ++np) {
+                // Matrices: keys np·16 + {0, 8} × dims kk·16 + {0, 8} → b0, b1 of 2 n-tiles.
+                u32 r[4];
+                ldmatrix_x4(r, kt + (np * 16 + (mat >> 1) * 8 + mrow) * LD + kk * 16 + (mat & 1) * 8);
+                const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma16816<T>(s[2 * np], qa[kk], b0);
+                mma16816<T>(s[2 * np + 1], qa[kk], b1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
+                const int row = (e < 2) ? r_lo : r_hi;
+                const bool ok = key < lk && (!causal || key <= offset + row);
+                s[nt][e] = ok ? s[nt][e] * sl2 : -CUDART_INF_F;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -CUDART_INF_F;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[r], mx);
+            const float corr = (m[r] == -CUDART_INF_F) ? 0.0f : exp2f(m[r] - mnew);
+            m[r] = mnew;
+            l[r] *= corr;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; ++nd) {
+                acc[nd][2 * r] *= corr;
+                acc[nd][2 * r + 1] *= corr;
+            }
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                    const float p = (mnew == -CUDART_INF_F) ? 0.0f : exp2f(s[nt][e] - mnew);
+                    s[nt][e] = p;
+                    l[r] += p;
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            const u32 pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int np = 0; np < D / 16; ++np) {
+                // Matrices: keys kk·16 + {0, 8} × dims np·16 + {0, 8}, transposed → b0, b1 of
+                // the dim n-tiles 2·np and 2·np + 1.
+                u32 r[4];
+                ldmatrix_x4_trans(r, vt + (kk * 16 + (mat & 1) * 8 + mrow) * LD + np * 16 + (mat >> 1) * 8);
+                const u32 b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma16816<T>(acc[2 * np], pa, b0);
+                mma16816<T>(acc[2 * np + 1], pa, b1);
+            }
+        }
+        __syncthreads();  // the stage is refilled two tiles on: everyone has read it
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+    T* ob = o + (size_t)bh * lq * D;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+        const int c = nd * 8 + t4 * 2;
+        if (r_lo < lq)
+            *reinterpret_cast<u32*>(ob + (size_t)r_lo * D + c) = pack2<T>(acc[nd][0] * l[0], acc[nd][1] * l[0]);
+        if (r_hi < lq)
+            *reinterpret_cast<u32*>(ob + (size_t)r_hi * D + c) = pack2<T>(acc[nd][2] * l[1], acc[nd][3] * l[1]);
+    }
+}
+
+#define FLASH2P_ENTRY(T, NAME, D, BC)                                                             \
+    extern "C" __global__ void __launch_bounds__(128)                                            \
+        flash2p_d##D##_##NAME(const T* q, const T* k, const T* v, T* o, int hq, int hkv, int lq, \
+                              int lk, int causal, float scale) {                                 \
+        flash2p<T, D, BC>(q, k, v, o, hq, hkv, lq, lk, causal, scale);                           \
+    }
+FLASH2P_ENTRY(__half, f16, 64, 64)
+FLASH2P_ENTRY(__half, f16, 128, 32)
+FLASH2P_ENTRY(bf16, bf16, 64, 64)
+FLASH2P_ENTRY(bf16, bf16, 128, 32)

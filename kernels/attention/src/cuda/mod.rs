@@ -28,6 +28,10 @@ pub const SOURCE: KernelSource = kernel_common::cuda_source!(
         "flash2_d128_f16",
         "flash2_d64_bf16",
         "flash2_d128_bf16",
+        "flash2p_d64_f16",
+        "flash2p_d128_f16",
+        "flash2p_d64_bf16",
+        "flash2p_d128_bf16",
     ]
 );
 
@@ -47,6 +51,8 @@ pub enum CudaAlgo {
     Naive,
     /// FlashAttention-2 with tensor-core MMAs.
     Flash2,
+    /// The same, K/V tiles double-buffered by cp.async, fragments by ldmatrix.
+    Flash2Pipelined,
 }
 
 /// One kernel launch of a plan.
@@ -70,7 +76,7 @@ pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<Atte
     let dt = dtype_suffix(dtype);
     let heads = shape.batch * shape.q_heads;
     match algo {
-        CudaAlgo::Flash2 => {
+        CudaAlgo::Flash2 | CudaAlgo::Flash2Pipelined => {
             if dtype == DType::F32 {
                 return unsupported(
                     "cuda_flash2 takes f16 or bf16 (tensor-core MMA operands)".into(),
@@ -89,7 +95,15 @@ pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<Atte
             )?;
             Ok(AttentionPlan {
                 launches: vec![PlannedLaunch {
-                    entry: format!("flash2_d{}_{dt}", shape.head_dim),
+                    entry: format!(
+                        "{}_d{}_{dt}",
+                        if algo == CudaAlgo::Flash2 {
+                            "flash2"
+                        } else {
+                            "flash2p"
+                        },
+                        shape.head_dim
+                    ),
                     launch,
                 }],
                 workspace_bytes: 0,
@@ -142,6 +156,7 @@ impl CudaAttention {
         match self.algo {
             CudaAlgo::Naive => "cuda_naive",
             CudaAlgo::Flash2 => "cuda_flash2",
+            CudaAlgo::Flash2Pipelined => "cuda_flash2:pipe=1",
         }
     }
 }

@@ -6,9 +6,10 @@
 // and fail the launch if a lane of the warp has exited or the warp deadlocks. __shared__
 // variables are function statics: one copy, shared by the threads of the running block.
 // The MMA is computed from the fragments as PTX ISA "mma.m16n8k16" lays them out, in f32.
-// Not emulated: memory ordering and timing (one thread runs at a time), so a race that
-// depends on interleaving shows only if the schedule exposes it; the schedule switches
-// threads at every barrier, in thread order.
+// Not emulated: memory ordering and timing (one thread runs at a time). The schedule is
+// warp-major: a warp runs until all its lanes wait at a block barrier (or end) before the
+// next warp starts, which exposes a missing barrier between warps (seen: removing flash2p's
+// end-of-tile __syncthreads fails the test); a race inside one warp can still hide.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -83,6 +84,7 @@ struct Warp {
     int arrived = 0;
     unsigned gen = 0;
     float slot[32];
+    const void* row[32];
     u32 a[32][4], b[32][2];
 };
 
@@ -182,12 +184,28 @@ inline std::string run(dim3e grid, unsigned threads, const std::function<void()>
                     for (auto& w : b.warps) wgen.push_back(w.gen);
                     int finished_before = 0;
                     for (auto& t : b.threads) finished_before += t.done;
-                    for (unsigned i = 0; i < threads; ++i) {
-                        if (b.threads[i].done) continue;
-                        any = true;
-                        b.current = (int)i;
-                        swapcontext(&b.scheduler, &b.threads[i].ctx);
-                        if (!b.error.empty()) break;
+                    // Warp-major: each warp runs as far as it can (through its own warp
+                    // barriers) before the next one starts, so one warp gets as far ahead of
+                    // the others as a block barrier allows. A barrier missing between warps
+                    // then shows as a wrong result rather than hiding in lockstep.
+                    for (size_t wi = 0; wi < b.warps.size() && b.error.empty(); ++wi) {
+                        Warp& w = b.warps[wi];
+                        for (;;) {
+                            unsigned wg = w.gen, bg = b.gen;
+                            int arrived = b.arrived, done = 0;
+                            for (unsigned i = wi * 32; i < wi * 32 + 32; ++i) done += b.threads[i].done;
+                            for (unsigned i = wi * 32; i < wi * 32 + 32; ++i) {
+                                if (b.threads[i].done) continue;
+                                any = true;
+                                b.current = (int)i;
+                                swapcontext(&b.scheduler, &b.threads[i].ctx);
+                                if (!b.error.empty()) break;
+                            }
+                            int done_after = 0;
+                            for (unsigned i = wi * 32; i < wi * 32 + 32; ++i) done_after += b.threads[i].done;
+                            if (!b.error.empty() || done_after == 32) break;
+                            if (w.gen == wg && b.gen == bg && b.arrived == arrived && done_after == done) break;
+                        }
                     }
                     if (!b.error.empty() || !any) break;
                     int finished = 0;
@@ -236,6 +254,28 @@ template <typename T> inline void mma(float* d, const u32* a, const u32* b) {
         d[e] += s;
     }
     sync_warp();  // nobody overwrites the fragments before every lane has read them
+}
+
+// ldmatrix.x4: lane t names row t % 8 of matrix t / 8 (16-bit elements, 8 per row).
+inline void ldmatrix(u32* r, const void* my_row, bool trans) {
+    Warp& w = my_warp();
+    int l = lane();
+    w.row[l] = my_row;
+    sync_warp();
+    int g = l >> 2, t4 = l & 3;
+    for (int i = 0; i < 4; ++i) {
+        u16 lo, hi;
+        if (!trans) {
+            const u16* row = static_cast<const u16*>(w.row[i * 8 + g]);
+            lo = row[2 * t4];
+            hi = row[2 * t4 + 1];
+        } else {
+            lo = static_cast<const u16*>(w.row[i * 8 + 2 * t4])[g];
+            hi = static_cast<const u16*>(w.row[i * 8 + 2 * t4 + 1])[g];
+        }
+        r[i] = (u32)lo | ((u32)hi << 16);
+    }
+    sync_warp();
 }
 
 }  // namespace emu

@@ -112,3 +112,41 @@ template <typename H> __device__ __forceinline__ void load8(const H* p, float* o
     out[4] = half_lo<H>(raw.z); out[5] = half_hi<H>(raw.z);
     out[6] = half_lo<H>(raw.w); out[7] = half_hi<H>(raw.w);
 }
+
+// Four 8×8 matrices of 16-bit values from shared memory in MMA fragment layout (ldmatrix):
+// lane t names row t % 8 of matrix t / 8; register i of lane t receives matrix i's elements
+// (t / 4, 2·(t % 4)) and (t / 4, 2·(t % 4) + 1) — or, transposed, (2·(t % 4), t / 4) and
+// (2·(t % 4) + 1, t / 4). Rows must be 16-byte aligned.
+#ifdef WORKBENCH_EMULATE
+template <typename T> inline void ldmatrix_x4(u32* r, const T* row) { emu::ldmatrix(r, row, false); }
+template <typename T> inline void ldmatrix_x4_trans(u32* r, const T* row) { emu::ldmatrix(r, row, true); }
+// 16 bytes global → shared, asynchronously on a GPU; only `bytes` (0 or 16) are read, the rest
+// zero-filled. Commit and wait order the copies; the emulator copies at once.
+inline void cp_async16(void* dst, const void* src, int bytes) {
+    std::memset(dst, 0, 16);
+    if (bytes) std::memcpy(dst, src, 16);
+}
+inline void cp_async_commit() {}
+template <int N> inline void cp_async_wait() {}
+#else
+template <typename T> __device__ __forceinline__ void ldmatrix_x4(u32* r, const T* row) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+template <typename T> __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const T* row) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+#endif
