@@ -18,13 +18,24 @@ if [ ! -x "$H" ]; then
     echo "no harness binary at $H; building (needs the crates offline)" | tee -a "$OUT/log.txt"
     cargo build --release --offline -p harness && H=target/release/harness || exit 2
 fi
-# NVRTC and headers: the toolkit's, or the nvidia-cuda-nvrtc wheel's.
+# NVRTC 13 and the CUDA headers: the toolkit's, else a pip wheel's (PyTorch's venv has one).
 if ! ldconfig -p | grep -q 'libnvrtc.so.13'; then
+    found=""
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-        [ -e "$d/libnvrtc.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+        [ -e "$d/libnvrtc.so.13" ] && found="$d" && break
+    done
+    if [ -z "$found" ]; then
+        lib=$(find / -xdev -name 'libnvrtc.so.13' -path '*cu13*' 2>/dev/null | head -1)
+        [ -n "$lib" ] && found=$(dirname "$lib")
+    fi
+    [ -n "$found" ] && export LD_LIBRARY_PATH="$found:${LD_LIBRARY_PATH:-}"
+fi
+if [ -z "${CUDA_INCLUDE_DIR:-}" ]; then
+    for d in /usr/local/cuda/include /usr/local/cuda/targets/x86_64-linux/include; do
+        [ -e "$d/cuda_fp16.h" ] && export CUDA_INCLUDE_DIR="$d" && break
     done
 fi
-[ -d /usr/local/cuda/include ] && export CUDA_INCLUDE_DIR=${CUDA_INCLUDE_DIR:-/usr/local/cuda/include}
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} CUDA_INCLUDE_DIR=${CUDA_INCLUDE_DIR:-}" 
 RES="$OUT/results"
 mkdir -p "$RES"
 step() { echo; echo "=== $* ($(date -u +%T))"; }
