@@ -79,6 +79,98 @@ constexpr int FA_BR = 64;    // query rows per block (16 per warp)
 constexpr int FA_BC = 64;    // keys per tile
 constexpr int FA_PAD = 8;    // row padding of the shared tiles (16 bytes: no bank conflicts)
 
+
+// ---- pieces shared by flash2 and flash2p (one warp's 16 query rows; lane = 4·g + t4) ----
+
+// Q rows g and g+8 of the warp as A fragments, dims kk·16 + 2·t4 (+8); zero past q_len.
+template <typename T, int D>
+__device__ __forceinline__ void load_q_fragments(const T* qb, int r_lo, int r_hi, int lq, int t4,
+                                                 u32 (&qa)[D / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int c = kk * 16 + t4 * 2;
+        qa[kk][0] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c) : 0u;
+        qa[kk][1] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c) : 0u;
+        qa[kk][2] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c + 8) : 0u;
+        qa[kk][3] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c + 8) : 0u;
+    }
+}
+
+// One tile's scores S (16 rows × BC keys from key j0) → probabilities P in place: scale into
+// the log2 domain, mask (past kv_len; causal future), then the online softmax per row — the
+// quad of lanes sharing a row agrees on its max, the running sums and O are rescaled.
+template <int D, int BC>
+__device__ __forceinline__ void online_softmax(float (&s)[BC / 8][4], float (&acc)[D / 8][4],
+                                               float (&m)[2], float (&l)[2], int j0, int r_lo,
+                                               int r_hi, int lk, int causal, int offset,
+                                               float sl2, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
+            const int row = (e < 2) ? r_lo : r_hi;
+            const bool ok = key < lk && (!causal || key <= offset + row);
+            s[nt][e] = ok ? s[nt][e] * sl2 : -CUDART_INF_F;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = -CUDART_INF_F;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[r], mx);
+        const float corr = (m[r] == -CUDART_INF_F) ? 0.0f : exp2f(m[r] - mnew);
+        m[r] = mnew;
+        l[r] *= corr;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+            acc[nd][2 * r] *= corr;
+            acc[nd][2 * r + 1] *= corr;
+        }
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                const float p = (mnew == -CUDART_INF_F) ? 0.0f : exp2f(s[nt][e] - mnew);
+                s[nt][e] = p;
+                l[r] += p;
+            }
+        }
+    }
+}
+
+// P's C fragments of key step kk (16 keys) re-packed as an A fragment.
+template <typename T, int BC>
+__device__ __forceinline__ void p_fragment(const float (&s)[BC / 8][4], int kk, u32 (&pa)[4]) {
+    pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// One final 1/l per row (the quad's partial sums first), O written as pairs.
+template <typename T, int D>
+__device__ __forceinline__ void store_output(T* ob, const float (&acc)[D / 8][4], float (&l)[2],
+                                             int r_lo, int r_hi, int lq, int t4) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+        const int c = nd * 8 + t4 * 2;
+        if (r_lo < lq)
+            *reinterpret_cast<u32*>(ob + (size_t)r_lo * D + c) = pack2<T>(acc[nd][0] * l[0], acc[nd][1] * l[0]);
+        if (r_hi < lq)
+            *reinterpret_cast<u32*>(ob + (size_t)r_hi * D + c) = pack2<T>(acc[nd][2] * l[1], acc[nd][3] * l[1]);
+    }
+}
+
 template <typename T, int D>
 __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        T* __restrict__ o, int hq, int hkv, int lq, int lk, int causal,
@@ -96,16 +188,8 @@ __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T
     const T* vb = v + ((size_t)b * hkv + hk) * lk * D;
     const int r_lo = row0 + g, r_hi = row0 + g + 8;
 
-    // Q as A fragments: rows g and g+8 of the warp's 16, dims kk·16 + 2·t4 (+8).
     u32 qa[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const int c = kk * 16 + t4 * 2;
-        qa[kk][0] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c) : 0u;
-        qa[kk][1] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c) : 0u;
-        qa[kk][2] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c + 8) : 0u;
-        qa[kk][3] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c + 8) : 0u;
-    }
+    load_q_fragments<T, D>(qb, r_lo, r_hi, lq, t4, qa);
     float acc[D / 8][4];
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd)
@@ -144,50 +228,12 @@ __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T
                 mma16816<T>(s[nt], qa[kk], bf);
             }
         }
-        // Scale into the log2 domain and mask (past kv_len; causal future).
-#pragma unroll
-        for (int nt = 0; nt < FA_BC / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
-                const int row = (e < 2) ? r_lo : r_hi;
-                const bool ok = key < lk && (!causal || key <= offset + row);
-                s[nt][e] = ok ? s[nt][e] * sl2 : -CUDART_INF_F;
-            }
-        }
-        // Online softmax per row (the 4 lanes of a quad share a row).
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = -CUDART_INF_F;
-#pragma unroll
-            for (int nt = 0; nt < FA_BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(m[r], mx);
-            const float corr = (m[r] == -CUDART_INF_F) ? 0.0f : exp2f(m[r] - mnew);
-            m[r] = mnew;
-            l[r] *= corr;
-#pragma unroll
-            for (int nd = 0; nd < D / 8; ++nd) {
-                acc[nd][2 * r] *= corr;
-                acc[nd][2 * r + 1] *= corr;
-            }
-#pragma unroll
-            for (int nt = 0; nt < FA_BC / 8; ++nt) {
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                    const float p = (mnew == -CUDART_INF_F) ? 0.0f : exp2f(s[nt][e] - mnew);
-                    s[nt][e] = p;
-                    l[r] += p;
-                }
-            }
-        }
+        online_softmax<D, FA_BC>(s, acc, m, l, j0, r_lo, r_hi, lk, causal, offset, sl2, t4);
         // O += P·V: P re-packed from C fragments into A fragments, V read transposed.
 #pragma unroll
         for (int kk = 0; kk < FA_BC / 16; ++kk) {
-            u32 pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                         pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                         pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            u32 pa[4];
+            p_fragment<T, FA_BC>(s, kk, pa);
             const int key = kk * 16 + t4 * 2;
 #pragma unroll
             for (int nd = 0; nd < D / 8; ++nd) {
@@ -198,22 +244,7 @@ __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T
             }
         }
     }
-    // One final 1/l per row (the quad's partial sums first).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    }
-    T* ob = o + (size_t)bh * lq * D;
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-        const int c = nd * 8 + t4 * 2;
-        if (r_lo < lq)
-            *reinterpret_cast<u32*>(ob + (size_t)r_lo * D + c) = pack2<T>(acc[nd][0] * l[0], acc[nd][1] * l[0]);
-        if (r_hi < lq)
-            *reinterpret_cast<u32*>(ob + (size_t)r_hi * D + c) = pack2<T>(acc[nd][2] * l[1], acc[nd][3] * l[1]);
-    }
+    store_output<T, D>(o + (size_t)bh * lq * D, acc, l, r_lo, r_hi, lq, t4);
 }
 
 #define FLASH2_ENTRY(T, NAME, D)                                                                  \
@@ -248,14 +279,7 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
     const int r_lo = row0 + g, r_hi = row0 + g + 8;
 
     u32 qa[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const int c = kk * 16 + t4 * 2;
-        qa[kk][0] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c) : 0u;
-        qa[kk][1] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c) : 0u;
-        qa[kk][2] = r_lo < lq ? load2(qb + (size_t)r_lo * D + c + 8) : 0u;
-        qa[kk][3] = r_hi < lq ? load2(qb + (size_t)r_hi * D + c + 8) : 0u;
-    }
+    load_q_fragments<T, D>(qb, r_lo, r_hi, lq, t4, qa);
     float acc[D / 8][4];
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
@@ -308,47 +332,11 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
                 mma16816<T>(s[2 * np + 1], qa[kk], b1);
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
-                const int row = (e < 2) ? r_lo : r_hi;
-                const bool ok = key < lk && (!causal || key <= offset + row);
-                s[nt][e] = ok ? s[nt][e] * sl2 : -CUDART_INF_F;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = -CUDART_INF_F;
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(m[r], mx);
-            const float corr = (m[r] == -CUDART_INF_F) ? 0.0f : exp2f(m[r] - mnew);
-            m[r] = mnew;
-            l[r] *= corr;
-#pragma unroll
-            for (int nd = 0; nd < D / 8; ++nd) {
-                acc[nd][2 * r] *= corr;
-                acc[nd][2 * r + 1] *= corr;
-            }
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt) {
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                    const float p = (mnew == -CUDART_INF_F) ? 0.0f : exp2f(s[nt][e] - mnew);
-                    s[nt][e] = p;
-                    l[r] += p;
-                }
-            }
-        }
+        online_softmax<D, BC>(s, acc, m, l, j0, r_lo, r_hi, lk, causal, offset, sl2, t4);
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
-            const u32 pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            u32 pa[4];
+            p_fragment<T, BC>(s, kk, pa);
 #pragma unroll
             for (int np = 0; np < D / 16; ++np) {
                 // Matrices: keys kk·16 + {0, 8} × dims np·16 + {0, 8}, transposed → b0, b1 of
@@ -362,21 +350,7 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
         }
         __syncthreads();  // the stage is refilled two tiles on: everyone has read it
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    }
-    T* ob = o + (size_t)bh * lq * D;
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-        const int c = nd * 8 + t4 * 2;
-        if (r_lo < lq)
-            *reinterpret_cast<u32*>(ob + (size_t)r_lo * D + c) = pack2<T>(acc[nd][0] * l[0], acc[nd][1] * l[0]);
-        if (r_hi < lq)
-            *reinterpret_cast<u32*>(ob + (size_t)r_hi * D + c) = pack2<T>(acc[nd][2] * l[1], acc[nd][3] * l[1]);
-    }
+    store_output<T, D>(o + (size_t)bh * lq * D, acc, l, r_lo, r_hi, lq, t4);
 }
 
 #define FLASH2P_ENTRY(T, NAME, D, BC)                                                             \
