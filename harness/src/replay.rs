@@ -201,7 +201,7 @@ pub fn run(opts: &ReplayOptions) -> Result<i32> {
     if let Device::Cuda(n) = opts.device {
         kernel_common::probe_cuda(n)?;
         return Err(HarnessError::Usage(format!(
-            "{} is present but no replayable variant has a CUDA implementation yet; use --device cpu",
+            "{} is present, but replay drives the CPU variants only (the cuda_ variants run under check and exp); use --device cpu",
             opts.device
         )));
     }
