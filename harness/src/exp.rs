@@ -495,7 +495,11 @@ impl<'a> PointRunner<'a> {
             row.note = e.to_string();
             return;
         }
-        row.scratch_mib = Some(alloc::peak_above(baseline) as f64 / (1 << 20) as f64);
+        // Host heap only: a CUDA variant's workspace lives on the device (its `run` allocates
+        // just the downloaded output), so the column stays empty for it.
+        if device == Device::Cpu {
+            row.scratch_mib = Some(alloc::peak_above(baseline) as f64 / (1 << 20) as f64);
+        }
         let full = out.to_f32();
         let unwritten = full.iter().filter(|x| !x.is_finite()).count();
         let d = shape.head_dim;

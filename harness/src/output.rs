@@ -25,6 +25,7 @@ pub struct ExpRow {
     pub kv_len: usize,
     pub head_dim: usize,
     pub causal: bool,
+    /// Host threads (rayon); under `--device cuda` the kernels run on the device regardless.
     pub threads: usize,
     pub device: String,
     /// ok | fail (wrong output) | skipped (over a limit) | unsupported | error
@@ -41,7 +42,8 @@ pub struct ExpRow {
     pub bound: String,
     pub bytes: u64,
     pub flops: u64,
-    /// Peak heap bytes allocated during one call, MiB (measured by the counting allocator).
+    /// Peak heap bytes allocated during one call, MiB (measured by the counting allocator);
+    /// empty for CUDA variants, whose workspace is device memory.
     pub scratch_mib: Option<f64>,
     pub prepare_ms: Option<f64>,
     pub max_abs_err: Option<f64>,
