@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CUDA backend on a real GPU, in one call (< 8 minutes on an H200):
+# The CUDA backend on a real GPU, in one call (sized to finish in < 8 minutes on an H200; not
+# yet run on one: no GPU has been lent to this project so far):
 #   1. device roofline (2 GiB device-to-device copy; the workbench's bf16 MMA GEMM);
 #   2. harness check --device cuda for every family (f32/f16/bf16);
 #   3. flash_vs_paged --device cuda at H200-sized shapes: decode (batch 8/32, GQA 32/8,
