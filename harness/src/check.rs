@@ -106,6 +106,8 @@ impl Ctx<'_> {
                     String::new()
                 },
             ),
+            // A device that failed (launch, fault, compile) is a failure, not a refusal.
+            Err(why) if why.starts_with("device error:") => ("fail", None, why),
             Err(why) => ("unsupported", None, why),
         };
         let row = CheckRow {

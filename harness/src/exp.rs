@@ -127,7 +127,7 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
                 &run.roof,
                 &mut row,
             );
-            if row.status == "fail" {
+            if counts_as_failure(&row.status, &row.note) {
                 failures += 1;
             }
             run.writer.write(&row)?;
@@ -136,6 +136,12 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish::<ExpRow>(&spec, opts.format, failures)
+}
+
+/// Rows that make an experiment exit 1: wrong outputs, and a device that failed (a launch,
+/// a fault, a kernel that does not compile) — not a variant that refuses a point.
+pub(crate) fn counts_as_failure(status: &str, note: &str) -> bool {
+    status == "fail" || (status == "error" && note.starts_with("device error"))
 }
 
 /// Up to `count` indices spread evenly over 0..len, first and last included (all of them

@@ -312,7 +312,7 @@ pub fn run(
                     &run.roof,
                 );
                 for (row, _) in &point {
-                    if row.status == "fail" {
+                    if crate::exp::counts_as_failure(&row.status, &row.note) {
                         failures += 1;
                     }
                     run.writer.write(row)?;

@@ -208,5 +208,23 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
         assert!(status.iter().filter(|s| *s == "ok").count() >= 4);
         assert!(column(&rows, "device").iter().all(|d| d == "cuda:0"));
     }
+
+    // A device that fails (here: no kernel behind the entry points) fails the check: exit 1,
+    // FAIL rows naming the device error, not rows quietly marked unsupported.
+    let broken = dir.join("broken");
+    let out = run(
+        &dir,
+        "",
+        &broken,
+        &[
+            "check", "--device", "cuda", "--family", "spec", "--cases", "1",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL") && text.contains("device error"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

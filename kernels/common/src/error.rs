@@ -18,6 +18,10 @@ pub enum KernelError {
     /// The requested device is not present or not usable.
     #[error("device unavailable: {0}")]
     Device(String),
+    /// The device is there but a call on it failed: a kernel that does not compile, a launch,
+    /// a copy, a synchronisation (where an asynchronous kernel fault surfaces).
+    #[error("device error: {0}")]
+    DeviceFailure(String),
 }
 
 /// Shorthand for results of kernel calls.

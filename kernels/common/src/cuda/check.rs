@@ -45,19 +45,19 @@ pub fn compile_check(source: &KernelSource) -> Result<Vec<ResourceRow>> {
     let mut rows = Vec::with_capacity(source.entries.len());
     for &entry in source.entries {
         if !ptx.contains(&format!(".entry {entry}(")) {
-            return Err(KernelError::Device(format!(
+            return Err(KernelError::DeviceFailure(format!(
                 "{}: entry point {entry} is not in the PTX",
                 source.file
             )));
         }
         let Some(res) = report.iter().find(|r| r.kernel == entry) else {
-            return Err(KernelError::Device(format!(
+            return Err(KernelError::DeviceFailure(format!(
                 "{}: ptxas reported nothing for {entry}; log:\n{}",
                 source.file, cubin.log
             )));
         };
         if res.spills() {
-            return Err(KernelError::Device(format!(
+            return Err(KernelError::DeviceFailure(format!(
                 "{}: {entry} spills registers ({} bytes stored, {} loaded; {} registers)",
                 source.file, res.spill_store_bytes, res.spill_load_bytes, res.registers
             )));

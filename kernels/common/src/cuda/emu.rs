@@ -88,6 +88,10 @@ impl EmuModule {
             h.finish()
         );
         let lib: PathBuf = dir.join(format!("{stem}.so"));
+        // One build at a time in this process (test threads share the temporary names below);
+        // other processes write their own, and the rename is atomic.
+        static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
         if !lib.exists() {
             let cpp = dir.join(format!("{stem}.{}.cpp", std::process::id()));
             std::fs::write(&cpp, &text)
@@ -216,7 +220,7 @@ impl EmuModule {
         }
         let msg = String::from_utf8_lossy(&err[..err.iter().position(|&b| b == 0).unwrap_or(0)])
             .into_owned();
-        Err(KernelError::Device(format!(
+        Err(KernelError::DeviceFailure(format!(
             "emulated {}::{entry}: {msg}",
             self.file
         )))

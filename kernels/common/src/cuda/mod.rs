@@ -103,6 +103,6 @@ macro_rules! cuda_launch {
         // SAFETY: the arguments follow the entry point's signature in its .cu file.
         unsafe { builder.launch(config) }
             .map(|_| ())
-            .map_err(|e| $crate::KernelError::Device(format!("CUDA launch: {e}")))
+            .map_err(|e| $crate::KernelError::DeviceFailure(format!("CUDA launch: {e}")))
     }};
 }

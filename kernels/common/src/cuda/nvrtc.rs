@@ -96,18 +96,19 @@ pub fn compile(source: &KernelSource, arch: &str, verbose: bool) -> Result<Compi
         options.push("--ptxas-options=-v".into());
         options.push("--ptxas-options=--warn-on-spills".into());
     }
-    let src = CString::new(source.code)
-        .map_err(|_| KernelError::Device(format!("{}: source holds a NUL byte", source.file)))?;
+    let src = CString::new(source.code).map_err(|_| {
+        KernelError::DeviceFailure(format!("{}: source holds a NUL byte", source.file))
+    })?;
     let name = CString::new(source.file).expect("file names hold no NUL");
     let prog = result::create_program(&src, Some(&name))
-        .map_err(|e| KernelError::Device(format!("nvrtc: cannot create program: {e:?}")))?;
+        .map_err(|e| KernelError::DeviceFailure(format!("nvrtc: cannot create program: {e:?}")))?;
     // SAFETY: `prog` was just created and is destroyed exactly once below.
     let outcome = unsafe { result::compile_program(prog, &options) };
     let log = unsafe { result::get_program_log(prog) }
         .map(|chars| c_chars_to_string(&chars))
         .unwrap_or_default();
     let compiled = match outcome {
-        Err(e) => Err(KernelError::Device(format!(
+        Err(e) => Err(KernelError::DeviceFailure(format!(
             "nvrtc could not compile {} for {arch} ({e:?}):\n{}",
             source.file,
             log.trim_end()
@@ -123,7 +124,7 @@ pub fn compile(source: &KernelSource, arch: &str, verbose: bool) -> Result<Compi
                 cubin: None,
                 log,
             })
-            .map_err(|e| KernelError::Device(format!("nvrtc: no PTX: {e:?}"))),
+            .map_err(|e| KernelError::DeviceFailure(format!("nvrtc: no PTX: {e:?}"))),
     };
     // SAFETY: created above, not destroyed before.
     let _ = unsafe { result::destroy_program(prog) };
@@ -136,11 +137,11 @@ unsafe fn cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>> {
     let mut size = 0usize;
     sys::nvrtcGetCUBINSize(prog, &mut size)
         .result()
-        .map_err(|e| KernelError::Device(format!("nvrtc: no cubin size: {e:?}")))?;
+        .map_err(|e| KernelError::DeviceFailure(format!("nvrtc: no cubin size: {e:?}")))?;
     let mut bin = vec![0u8; size];
     sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast())
         .result()
-        .map_err(|e| KernelError::Device(format!("nvrtc: no cubin: {e:?}")))?;
+        .map_err(|e| KernelError::DeviceFailure(format!("nvrtc: no cubin: {e:?}")))?;
     Ok(bin)
 }
 
@@ -160,6 +161,6 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     // SAFETY: the library is present; the call writes two ints.
     unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
         .result()
-        .map_err(|e| KernelError::Device(format!("nvrtc version: {e:?}")))?;
+        .map_err(|e| KernelError::DeviceFailure(format!("nvrtc version: {e:?}")))?;
     Ok((major, minor))
 }

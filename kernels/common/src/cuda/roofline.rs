@@ -88,14 +88,14 @@ pub fn gemm_bf16_gflops(rt: &CudaRuntime, n: usize, reps: usize, seed: u64) -> R
             .sum();
         let got = c[i * n + j] as f64;
         if !got.is_finite() {
-            return Err(KernelError::Device(format!(
+            return Err(KernelError::DeviceFailure(format!(
                 "roofline GEMM left C[{i},{j}] unwritten"
             )));
         }
         max_rel_err = max_rel_err.max((got - want).abs() / scale.max(1e-30));
     }
     if max_rel_err > 1e-3 {
-        return Err(KernelError::Device(format!(
+        return Err(KernelError::DeviceFailure(format!(
             "roofline GEMM is wrong: relative error {max_rel_err:.2e} on sampled entries"
         )));
     }

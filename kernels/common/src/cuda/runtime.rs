@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 /// Turns a driver error into one line naming what was being done.
 pub fn driver<T>(r: std::result::Result<T, cudarc::driver::DriverError>, what: &str) -> Result<T> {
-    r.map_err(|e| KernelError::Device(format!("CUDA {what}: {e}")))
+    r.map_err(|e| KernelError::DeviceFailure(format!("CUDA {what}: {e}")))
 }
 
 /// The process's CUDA context, stream and compiled modules.
