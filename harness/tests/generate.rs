@@ -32,6 +32,17 @@ fn generate(args: &[&str]) -> Output {
         .expect("the harness binary runs")
 }
 
+/// The JSON a successful run printed (exit 0 asserted, stderr shown otherwise).
+fn json_ok(out: &Output) -> serde_json::Value {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn one_line_exit_2(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -54,13 +65,7 @@ fn greedy_json_matches_transformers() {
         "--threads",
         "2",
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_ok(&out);
     let fixture: serde_json::Value = serde_json::from_str(include_str!(
         "../../models/tests/data/smollm2_transformers_greedy.json"
     ))
@@ -82,7 +87,7 @@ fn greedy_json_matches_transformers() {
         "--format",
         "json",
     ]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_ok(&out);
     assert_eq!(v["generated_ids"].as_array().unwrap().len(), 10);
 }
 
@@ -109,14 +114,7 @@ fn sampling_is_seeded() {
             "--format",
             "json",
         ]);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["generated_ids"].clone()
+        json_ok(&out)["generated_ids"].clone()
     };
     assert_eq!(run("1"), run("1"), "the same seed draws the same tokens");
     assert_ne!(run("1"), run("2"));
@@ -165,16 +163,7 @@ fn bad_generate_input_is_one_line() {
 
 #[test]
 fn presets_and_checkpoint_directories_generate() {
-    let ok = |args: &[&str]| -> serde_json::Value {
-        let out = generate(args);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let ok = |args: &[&str]| json_ok(&generate(args));
     let args = |model: &str, extra: &[&'static str]| -> Vec<String> {
         let mut a = vec![
             "--model".to_string(),
@@ -271,9 +260,7 @@ fn speculative_generation_from_the_cli() {
         a.extend_from_slice(extra);
         generate(&a)
     };
-    let plain = run(&[]);
-    assert_eq!(plain.status.code(), Some(0));
-    let plain: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
+    let plain = json_ok(&run(&[]));
     for extra in [
         &["--spec-draft", "ngram", "--spec-tree", "static:3,2,1"][..],
         &[
@@ -285,14 +272,7 @@ fn speculative_generation_from_the_cli() {
         ][..],
         &["--spec-draft", "self:q8_0", "--spec-tree", "chain:3"][..],
     ] {
-        let out = run(extra);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_ok(&run(extra));
         assert_eq!(v["generated_ids"], plain["generated_ids"], "{extra:?}");
         assert!(v["spec"]["target_passes"].as_u64().unwrap() >= 1);
         assert!(v["spec"]["acceptance_rate"].as_f64().unwrap() >= 0.0);
