@@ -5,7 +5,7 @@
 //! the same provenance as every run.
 
 use crate::error::{HarnessError, Result};
-use crate::exp::{progress_bar, ExpOptions, RunFiles};
+use crate::exp::{progress_bar, ExpOptions, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use models::ModelShape;
 use serde::{Deserialize, Serialize};
@@ -75,37 +75,25 @@ pub fn run(
     spec_path: &Path,
     grid: BTreeMap<String, Vec<String>>,
 ) -> Result<i32> {
-    let list = |key: &str, default: &str| -> Vec<String> {
-        grid.get(key)
-            .cloned()
-            .unwrap_or_else(|| vec![default.to_string()])
-    };
-    let count = |key: &str, v: &str| -> Result<usize> {
-        match v.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(HarnessError::Usage(format!(
-                "{key} '{v}' is not a positive integer"
-            ))),
-        }
-    };
+    let g = GridValues(&grid);
+    let seq_lens = g.counts("seq_len", &["4096"])?;
+    let session_counts = g.counts("sessions", &["1"])?;
     let mut points = vec![];
-    for m in list("model", "llama-2-7b") {
+    for m in g.strings("model", &["llama-2-7b"]) {
         let shape = models::preset(&m).ok_or_else(|| {
             let known: Vec<&str> = models::PRESETS.iter().map(|p| p.name).collect();
             HarnessError::Usage(format!("unknown model '{m}' (known: {})", known.join(", ")))
         })?;
-        for a in list("attention", "model") {
+        for a in g.strings("attention", &["model"]) {
             let kv = layout(&shape, &a)?;
-            for dt in list("dtype", "f16") {
+            for dt in g.strings("dtype", &["f16"]) {
                 let bytes = bytes_of(&dt)?;
-                for len in list("seq_len", "4096") {
-                    for sessions in list("sessions", "1") {
+                for &len in &seq_lens {
+                    for &sessions in &session_counts {
                         let shaped = ModelShape {
                             kv_heads: kv,
                             ..shape
                         };
-                        let (len, sessions) =
-                            (count("seq_len", &len)?, count("sessions", &sessions)?);
                         points.push((shaped, a.clone(), dt.clone(), bytes, len, sessions));
                     }
                 }

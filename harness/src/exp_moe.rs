@@ -7,7 +7,7 @@
 //! with caches flushed.
 
 use crate::error::{HarnessError, Result};
-use crate::exp::{progress_bar, spread, ExpOptions, RunFiles};
+use crate::exp::{progress_bar, spread, ExpOptions, GridValues, RunFiles};
 use crate::measure::{time_reps, CacheFlusher};
 use crate::render::{fmt_err, fmt_opt};
 use crate::spec::ExperimentSpec;
@@ -109,22 +109,9 @@ fn norm_name(n: WeightNorm) -> &'static str {
 
 impl MoeGrid {
     fn parse(grid: &BTreeMap<String, Vec<String>>) -> Result<MoeGrid> {
-        let list = |key: &str, default: &str| -> Vec<String> {
-            grid.get(key)
-                .cloned()
-                .unwrap_or_else(|| vec![default.to_string()])
-        };
-        let positive = |key: &str, default: &str| -> Result<Vec<usize>> {
-            list(key, default)
-                .iter()
-                .map(|v| match v.parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(HarnessError::Usage(format!(
-                        "{key} '{v}' is not a positive integer"
-                    ))),
-                })
-                .collect()
-        };
+        let g = GridValues(grid);
+        let list = |key: &str, default: &str| g.strings(key, &[default]);
+        let positive = |key: &str, default: &str| g.counts(key, &[default]);
         Ok(MoeGrid {
             capacities: list("capacity", "1.25")
                 .iter()

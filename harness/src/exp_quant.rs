@@ -8,7 +8,7 @@
 //! point, timed in the same rounds.
 
 use crate::error::{HarnessError, Result};
-use crate::exp::{progress_bar, spread, ExpOptions, RunFiles};
+use crate::exp::{progress_bar, spread, ExpOptions, GridValues, RunFiles};
 use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::render::{fmt_err, fmt_opt};
 use crate::roofline::Roofline;
@@ -100,11 +100,8 @@ fn parse_shape(text: &str) -> Result<(usize, usize)> {
 
 impl QuantGrid {
     fn parse(grid: &BTreeMap<String, Vec<String>>) -> Result<QuantGrid> {
-        let list = |key: &str, default: &str| -> Vec<String> {
-            grid.get(key)
-                .cloned()
-                .unwrap_or_else(|| vec![default.to_string()])
-        };
+        let g = GridValues(grid);
+        let list = |key: &str, default: &str| g.strings(key, &[default]);
         let mut formats = list("format", "q4_0")
             .iter()
             .map(|f| WeightFormat::parse(f).map_err(usage))
