@@ -13,7 +13,7 @@ use moe_kernels::cuda::{
     capacity_cuda, combine_cuda, dispatch_cuda, route_cuda, slots_per_expert, DeviceRouting,
 };
 use moe_kernels::{route_reference, routing::select, MoeConfig};
-use paged_kernels::adapter::build_pool;
+use paged_kernels::adapter::pool_plan;
 use paged_kernels::cuda::{paged_append_cuda, slots};
 use paged_kernels::{KvPool, PagedBatch};
 
@@ -29,8 +29,8 @@ fn exact(ok: bool, count: usize) -> ErrorStats {
     }
 }
 
-/// The pool `build_pool` makes, filled by the CUDA append kernel instead: same layout and
-/// shuffled tables, every sequence's tokens in one launch (plus two padding tokens with
+/// The pool `build_pool` makes (`pool_plan`: same layout and shuffled tables), filled by the
+/// CUDA append kernel instead: every sequence's tokens in one launch (plus two padding tokens with
 /// slot −1 that must land nowhere).
 pub(crate) fn build_pool_on_device(
     shape: &AttentionShape,
@@ -38,8 +38,8 @@ pub(crate) fn build_pool_on_device(
     block_size: usize,
     seed: u64,
 ) -> Result<(KvPool, PagedBatch)> {
-    let (cpu_pool, batch) = build_pool(shape, inputs, block_size, seed)?;
-    let mut pool = KvPool::poisoned(cpu_pool.layout, inputs.dtype())?;
+    let (layout, batch) = pool_plan(shape, block_size, seed);
+    let mut pool = KvPool::poisoned(layout, inputs.dtype())?;
     let (h, t, d) = (shape.kv_heads, shape.kv_len, shape.head_dim);
     let (k, v) = (inputs.k.to_f32(), inputs.v.to_f32());
     // [batch, kv_heads, kv_len, d] → [tokens, kv_heads, d] (vLLM's reshape_and_cache input).

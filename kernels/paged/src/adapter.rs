@@ -91,14 +91,10 @@ pub(crate) fn experiment_pool(
     )
 }
 
-/// A pool with every sequence of `shape` appended, physical blocks shuffled by `seed`, and
-/// one spare block in eight left poisoned. Public so tests and benches build the same pools.
-pub fn build_pool(
-    shape: &AttentionShape,
-    inputs: &AttentionInputs,
-    block_size: usize,
-    seed: u64,
-) -> Result<(KvPool, PagedBatch)> {
+/// The layout and block tables `build_pool` fills: blocks for every sequence of `shape`,
+/// physical ids shuffled by `seed`, one spare block in eight. Public so an append kernel of
+/// another device can fill the same pool.
+pub fn pool_plan(shape: &AttentionShape, block_size: usize, seed: u64) -> (PoolLayout, PagedBatch) {
     let per_seq = shape.kv_len.div_ceil(block_size);
     let used = per_seq * shape.batch;
     let layout = PoolLayout {
@@ -107,20 +103,32 @@ pub fn build_pool(
         kv_heads: shape.kv_heads,
         head_dim: shape.head_dim,
     };
-    let mut pool = KvPool::poisoned(layout, inputs.dtype())?;
     let mut ids: Vec<u32> = (0..layout.num_blocks as u32).collect();
     ids.shuffle(&mut kernel_common::inputs::rng(seed));
     let block_tables: Vec<Vec<u32>> = ids[..used].chunks(per_seq).map(<[u32]>::to_vec).collect();
-    let seq_elems = shape.kv_heads * shape.kv_len * shape.head_dim;
-    for (b, table) in block_tables.iter().enumerate() {
-        let k = inputs.k.slice(b * seq_elems, seq_elems);
-        let v = inputs.v.slice(b * seq_elems, seq_elems);
-        append(&mut pool, table, 0, &k, &v)?;
-    }
     let batch = PagedBatch {
         context_lens: vec![shape.kv_len; shape.batch],
         block_tables,
     };
+    (layout, batch)
+}
+
+/// A pool with every sequence of `shape` appended, physical blocks shuffled by `seed`, and
+/// one spare block in eight left poisoned. Public so tests and benches build the same pools.
+pub fn build_pool(
+    shape: &AttentionShape,
+    inputs: &AttentionInputs,
+    block_size: usize,
+    seed: u64,
+) -> Result<(KvPool, PagedBatch)> {
+    let (layout, batch) = pool_plan(shape, block_size, seed);
+    let mut pool = KvPool::poisoned(layout, inputs.dtype())?;
+    let seq_elems = shape.kv_heads * shape.kv_len * shape.head_dim;
+    for (b, table) in batch.block_tables.iter().enumerate() {
+        let k = inputs.k.slice(b * seq_elems, seq_elems);
+        let v = inputs.v.slice(b * seq_elems, seq_elems);
+        append(&mut pool, table, 0, &k, &v)?;
+    }
     Ok((pool, batch))
 }
 
