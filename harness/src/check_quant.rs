@@ -3,25 +3,39 @@
 //! f32/f16), random shapes and batch sizes, Gaussian or outlier weights, then edge cases
 //! (all-zero groups, one huge outlier among tiny values, one row, one block, batch 64);
 //! outputs NaN-poisoned, compared with the f64 product of the dequantised weights under the f32
-//! tolerance scaled to the output's magnitude.
+//! tolerance scaled to the output's magnitude. The fused kernels run at every ISA tier the run
+//! allows (`fused:isa=avx512|avx2|portable`, the same with `act=q8`, and `packed`), so one `check` covers
+//! every path this machine has; a tier it lacks or `--isa` excludes is named once on stderr.
 
 use crate::check::Ctx;
 use crate::error::Result;
 use kernel_common::inputs::{derive_seed, normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
 use quant_kernels::{
-    matmul, reference, supports, Isa, MatVecVariant, QuantMatrix, ScaleType, WeightDist,
-    WeightFormat,
+    matmul, reference, supports, MatVecVariant, QuantMatrix, ScaleType, WeightDist, WeightFormat,
 };
 use rand::Rng;
 
-const VARIANTS: [(&str, MatVecVariant); 5] = [
-    ("fused", MatVecVariant::Fused(Isa::Auto)),
-    ("fused:isa=portable", MatVecVariant::Fused(Isa::Portable)),
-    ("dequant", MatVecVariant::Dequant),
-    ("faer", MatVecVariant::Faer),
-    ("fused:act=q8", MatVecVariant::FusedQ8),
-];
+/// The variants checked: the baselines, and the fused kernels at every tier this run allows.
+fn variants() -> Vec<(String, MatVecVariant)> {
+    let mut v = vec![
+        ("dequant".to_string(), MatVecVariant::Dequant),
+        ("faer".to_string(), MatVecVariant::Faer),
+    ];
+    for isa in kernel_cpu::isa::runnable() {
+        v.push((format!("fused:isa={isa}"), MatVecVariant::Fused(Some(isa))));
+        v.push((
+            format!("fused:act=q8,isa={isa}"),
+            MatVecVariant::FusedQ8(Some(isa)),
+        ));
+        // Packed per call here (check is untimed); experiments and models pack once.
+        v.push((
+            format!("packed:isa={isa}"),
+            MatVecVariant::Packed(Some(isa)),
+        ));
+    }
+    v
+}
 
 /// One check case: a format, a matrix shape, a batch and how weights are drawn.
 struct Case {
@@ -106,6 +120,7 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
 
 /// Runs the quant cases; rows go through `ctx` like every family's.
 pub(crate) fn check_quant(ctx: &mut Ctx) -> Result<()> {
+    let variants = variants();
     for (i, case) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x0AA7, i as u64);
         let mut w = case.dist.sample(case.rows, case.cols, seed);
@@ -147,7 +162,8 @@ pub(crate) fn check_quant(ctx: &mut Ctx) -> Result<()> {
             )?;
             continue;
         }
-        for (name, variant) in VARIANTS {
+        for (name, variant) in &variants {
+            let variant = *variant;
             if supports(variant, case.format).is_err() {
                 continue;
             }

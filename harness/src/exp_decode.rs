@@ -194,12 +194,12 @@ pub fn run(
             let mut m = load(path, &lopts)?.model;
             for (mname, variant) in &matmuls {
                 // A product that takes none of the model's formats would only repeat `fused`.
-                let format = m.layers[0].wo.format;
+                let format = m.layers[0].wo.format();
                 if quant_kernels::supports(*variant, format).is_err() {
                     bar.inc((batches.len() + prefill.len()) as u64);
                     continue;
                 }
-                m.matmul = *variant;
+                m.set_matmul(*variant)?;
                 let m = &m;
                 let wbytes = m.weight_bytes() as f64;
                 let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
@@ -281,7 +281,7 @@ pub fn run(
 fn bytes_per_param(m: &Llama) -> f64 {
     m.layers
         .first()
-        .map_or(4.0, |l| l.wo.format.bits_per_weight() / 8.0)
+        .map_or(4.0, |l| l.wo.format().bits_per_weight() / 8.0)
 }
 
 /// The markdown table of a decode run.

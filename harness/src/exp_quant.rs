@@ -16,7 +16,8 @@ use crate::spec::{ExperimentSpec, Limits};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats, KernelError};
 use quant_kernels::{
-    matvec::cost, reference, MatVecVariant, QuantError, QuantMatrix, WeightDist, WeightFormat,
+    matvec::cost, reference, MatVecVariant, Prepared, QuantError, QuantMatrix, WeightDist,
+    WeightFormat,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -216,7 +217,7 @@ pub fn run(
             for &format in &qgrid.formats {
                 bar.set_message(format!("quantising {rows}x{cols} to {format}"));
                 let started = Instant::now();
-                let m = QuantMatrix::quantize(format, rows, cols, &w);
+                let m = QuantMatrix::quantize(format, rows, cols, &w).map(std::sync::Arc::new);
                 let ms = started.elapsed().as_secs_f64() * 1e3;
                 let err = m
                     .as_ref()
@@ -232,7 +233,7 @@ pub fn run(
                 )
                 .to_f32();
                 let want_dense = dense_reference(&w, cols, &x, batch, &sampled);
-                let mut point: Vec<(QuantRow, Option<(&QuantMatrix, MatVecVariant)>)> = vec![];
+                let mut point: Vec<(QuantRow, Option<(Prepared, MatVecVariant)>)> = vec![];
                 for (format, m, quantize_ms, err) in &stored {
                     for (vname, variant) in &variants {
                         if quant_kernels::supports(*variant, *format).is_err() {
@@ -284,16 +285,26 @@ pub fn run(
                                 row.note = e.to_string();
                                 None
                             }
-                            Ok(m) => {
-                                let check = Check {
-                                    m,
-                                    x: &x,
-                                    want_dense: &want_dense,
-                                    sampled: &sampled,
-                                    batch,
-                                };
-                                check.run(*variant, &mut row).then_some((m, *variant))
-                            }
+                            // Laid out for the variant once, untimed (packed builds its tiles).
+                            Ok(m) => match Prepared::new(m.clone(), *variant) {
+                                Err(e) => {
+                                    row.status = "error".into();
+                                    row.note = e.to_string();
+                                    None
+                                }
+                                Ok(p) => {
+                                    let check = Check {
+                                        m,
+                                        p: &p,
+                                        x: &x,
+                                        want_dense: &want_dense,
+                                        sampled: &sampled,
+                                        batch,
+                                    };
+                                    let ran = check.run(*variant, &mut row);
+                                    ran.then_some((p, *variant))
+                                }
+                            },
                         };
                         point.push((row, timed));
                     }
@@ -329,7 +340,7 @@ pub fn run(
 /// at least 3 rounds ran and the point has used `seconds_per_point` per row. Then fills the
 /// timing columns and the speed-ups over the fastest f32 and the f16 row of the point.
 fn time_interleaved(
-    point: &mut [(QuantRow, Option<(&QuantMatrix, MatVecVariant)>)],
+    point: &mut [(QuantRow, Option<(Prepared, MatVecVariant)>)],
     x: &[f32],
     batch: usize,
     reps: usize,
@@ -342,14 +353,19 @@ fn time_interleaved(
     let mut errors: Vec<Option<String>> = vec![None; point.len()];
     let mut ys: Vec<Vec<f32>> = point
         .iter()
-        .map(|(_, t)| t.map_or(vec![], |(m, _)| vec![0.0; batch * m.rows]))
+        .map(|(_, t)| {
+            t.as_ref()
+                .map_or(vec![], |(m, _)| vec![0.0; batch * m.rows()])
+        })
         .collect();
     let budget = limits.seconds_per_point * live as f64;
     let mut spent = 0.0;
     // CUDA rows: the kernel alone, resident data, CUDA events (after a warm-up).
     for (i, (_, timed)) in point.iter().enumerate() {
         if let Some((m, MatVecVariant::Cuda)) = timed {
-            match quant_kernels::cuda::DeviceGemv::new(m, x, batch).and_then(|mut g| g.time(reps)) {
+            let m = m.rows_matrix();
+            match quant_kernels::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| g.time(reps))
+            {
                 Ok(t) => samples[i] = t,
                 Err(e) => errors[i] = Some(e.to_string()),
             }
@@ -360,14 +376,14 @@ fn time_interleaved(
             break;
         }
         for (i, (_, timed)) in point.iter().enumerate() {
-            let (Some((m, variant)), None) = (timed, &errors[i]) else {
+            let (Some((p, variant)), None) = (timed, &errors[i]) else {
                 continue;
             };
             if *variant == MatVecVariant::Cuda {
                 continue;
             }
             let t = time_reps(1, f64::INFINITY, flusher, || {
-                quant_kernels::matmul(m, x, batch, &mut ys[i], *variant)
+                p.matmul(x, batch, &mut ys[i], *variant)
             });
             match t {
                 Ok(t) => {
@@ -419,6 +435,8 @@ fn time_interleaved(
 /// One product to check (untimed).
 struct Check<'a> {
     m: &'a QuantMatrix,
+    /// `m` laid out for the variant.
+    p: &'a Prepared,
     x: &'a [f32],
     want_dense: &'a [f64],
     sampled: &'a [usize],
@@ -433,7 +451,7 @@ impl Check<'_> {
         let c = cost(m, batch);
         (row.bytes, row.flops) = (c.bytes, c.flops);
         let mut y = vec![f32::NAN; batch * m.rows];
-        if let Err(e) = quant_kernels::matmul(m, self.x, batch, &mut y, variant) {
+        if let Err(e) = self.p.matmul(self.x, batch, &mut y, variant) {
             row.status = "error".into();
             row.note = e.to_string();
             return false;

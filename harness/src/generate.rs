@@ -60,9 +60,12 @@ pub struct GenerateArgs {
     /// (default: keep the checkpoint's).
     #[arg(long)]
     pub weights: Option<String>,
-    /// The product of every projection: fused (f32 activations) or fused:act=q8 (int8
-    /// activations, VNNI; formats it does not take use fused).
-    #[arg(long, default_value = "fused")]
+    /// The product of every projection. packed (default): int8 activations on 16-row
+    /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q8_0);
+    /// fused:act=q8: the same arithmetic on row-major weights; fused: f32 activations, the
+    /// arithmetic of transformers' float32 reference (its greedy text). Formats a product
+    /// does not take use fused. Add isa=avx2 etc. to pin a tier (see --isa).
+    #[arg(long, default_value = "packed")]
     pub matmul: String,
     /// MoE capacity: dropless (default) or a factor such as 1.25.
     #[arg(long, default_value = "dropless")]
@@ -124,6 +127,9 @@ pub struct Generation {
     pub ttft_ms: f64,
     pub tpot_ms: Option<f64>,
     pub tokens_per_s: Option<f64>,
+    /// The projections' product (--matmul) and the CPU kernels' ISA tier (--isa).
+    pub matmul: String,
+    pub isa: String,
     /// Speculative decoding statistics (with --spec-draft).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecSummary>,
@@ -262,6 +268,8 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         tpot_ms: tpot.map(|t| t * 1e3),
         tokens_per_s: tpot.map(|t| 1.0 / t),
         generated_ids: generated,
+        matmul: args.matmul.clone(),
+        isa: kernel_cpu::Isa::active().name().into(),
         spec: None,
     };
     report(args, &loaded, &out)
@@ -348,6 +356,8 @@ fn run_spec(
         ttft_ms: st.prefill_s * 1e3,
         tpot_ms: (decode > 0).then(|| after_first / decode as f64 * 1e3),
         tokens_per_s: (decode > 0).then(|| decode as f64 / after_first),
+        matmul: args.matmul.clone(),
+        isa: kernel_cpu::Isa::active().name().into(),
         spec: Some(SpecSummary {
             drafter: d.name(),
             tree: shape.label(),

@@ -86,6 +86,36 @@ pub fn run_id(suffix: &str) -> String {
     }
 }
 
+/// The ISA tier the CPU kernels use in this run (the detected tier lowered by `--isa` /
+/// `WORKBENCH_ISA`), as provenance records it.
+pub fn isa() -> String {
+    kernel_cpu::Isa::active().name().to_string()
+}
+
+/// The widest ISA tier this CPU has.
+pub fn isa_detected() -> String {
+    kernel_cpu::Isa::detected().name().to_string()
+}
+
+/// One line for `harness list`: the tier in use, the CPU's, and how to change it.
+pub fn isa_summary() -> String {
+    use kernel_cpu::Isa;
+    let tiers: Vec<String> = Isa::ALL
+        .iter()
+        .map(|t| match t.missing() {
+            m if m.is_empty() => t.name().to_string(),
+            m => format!("{} (lacks {})", t.name(), m.join(", ")),
+        })
+        .collect();
+    format!(
+        "ISA: {} in use; this CPU has {} (tiers: {}; lower with --isa or {})",
+        Isa::active(),
+        Isa::detected(),
+        tiers.join(", "),
+        kernel_cpu::isa::ENV_VAR
+    )
+}
+
 /// The full command line as typed.
 pub fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")

@@ -22,6 +22,27 @@ struct Cli {
     /// Folder results are written under.
     #[arg(long, global = true, default_value_os_t = workspace_dir("results"))]
     results_dir: PathBuf,
+    /// Cap the CPU kernels' instruction set: avx512 (AVX-512 F/BW/VL), avx2 (AVX2 + FMA +
+    /// F16C, x86-64-v3) or portable (plain loops). Default: the widest this CPU has, or the
+    /// WORKBENCH_ISA environment variable. Recorded in every result's provenance.
+    #[arg(long, global = true, value_name = "TIER")]
+    isa: Option<String>,
+}
+
+/// Applies `--isa` (or checks `WORKBENCH_ISA`): a tier this CPU lacks is one line naming the
+/// missing features.
+fn apply_isa(isa: Option<&str>) -> Result<()> {
+    use kernel_cpu::isa;
+    let usage = |e: kernel_cpu::IsaError| HarnessError::Usage(e.to_string());
+    match isa {
+        Some(name) => {
+            let tier = kernel_cpu::Isa::parse(name)
+                .map_err(|e| usage(kernel_cpu::IsaError(format!("--isa: {e}"))))?;
+            isa::set_cap(tier)
+                .map_err(|e| usage(kernel_cpu::IsaError(format!("--isa {name}: {e}"))))
+        }
+        None => isa::cap_from_env().map(|_| ()).map_err(usage),
+    }
 }
 
 /// `name` inside the workspace this binary was built from.
@@ -146,8 +167,10 @@ fn on_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
 }
 
 fn run(cli: Cli) -> Result<i32> {
+    apply_isa(cli.isa.as_deref())?;
     match cli.command {
         Command::List => {
+            println!("{}\n", machine::isa_summary());
             println!("Families and variants (use as --variant NAME[:key=value,...]):");
             for (family, name, about) in registry::all_variants() {
                 println!("  {family:<10} {name:<10} {about}");

@@ -71,6 +71,13 @@ pub struct Provenance {
     pub threads: usize,
     pub device: String,
     pub gpu: Option<String>,
+    /// The CPU kernels' ISA tier in this run (avx512, avx2, portable; `--isa`); a variant
+    /// that names its own tier (`fused:isa=avx2`) records it in its row.
+    #[serde(default)]
+    pub isa: String,
+    /// The widest tier this CPU has.
+    #[serde(default)]
+    pub isa_detected: String,
     pub rustc: String,
     pub quick: bool,
     pub seed: u64,
@@ -111,6 +118,8 @@ impl Provenance {
             threads: rayon::current_num_threads(),
             device: device.into(),
             gpu: None,
+            isa: machine::isa(),
+            isa_detected: machine::isa_detected(),
             rustc: machine::rustc().into(),
             quick,
             seed,

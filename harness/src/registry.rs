@@ -27,7 +27,7 @@ pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
     )))
 }
 
-/// The quant-family variant for `spec` (`fused`, `fused:isa=portable`, `dequant`), with its
+/// The quant-family variant for `spec` (`fused`, `fused:isa=avx2`, `fused:act=q8`, `dequant`), with its
 /// canonical name.
 pub fn quant_variant(spec: &str) -> Result<(String, quant_kernels::MatVecVariant)> {
     let parsed = VariantSpec::parse(spec)?;

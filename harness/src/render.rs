@@ -86,11 +86,20 @@ pub fn render_run(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Resul
     let _ = writeln!(md, "**Claims.** {}\n", spec.claims.join(", "));
     let _ = writeln!(
         md,
-        "**Machine.** {} ({} logical cores), {} threads, device {}; rustc {}; git {}{}.\n",
+        "**Machine.** {} ({} logical cores), {} threads, device {}{}; rustc {}; git {}{}.\n",
         prov.cpu_model,
         prov.logical_cores,
         prov.threads,
         prov.device,
+        // Runs before the ISA layer recorded no tier: their .md stays as it was.
+        if prov.isa.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", CPU kernels at ISA {} (this CPU has {})",
+                prov.isa, prov.isa_detected
+            )
+        },
         prov.rustc,
         prov.git_sha,
         if prov.git_dirty { " (dirty)" } else { "" }

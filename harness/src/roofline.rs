@@ -7,7 +7,7 @@
 
 use crate::error::{HarnessError, Result};
 use crate::machine;
-use kernel_common::simd;
+use kernel_cpu::simd;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -84,7 +84,7 @@ fn sum_lanes_avx2(x: &[f32]) -> f32 {
 
 fn stream_sum(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if simd::avx2_fma_available() {
+    if kernel_cpu::Isa::Avx2.supported() {
         // SAFETY: AVX2 was detected on this CPU.
         return unsafe { sum_lanes_avx2(x) };
     }
@@ -179,7 +179,9 @@ pub fn measure_fma_peak() -> (f64, String) {
     let mut best = (0.0, "none".to_string());
     #[cfg(target_arch = "x86_64")]
     {
-        if simd::avx2_fma_available() {
+        // The machine's ceiling, whatever --isa caps the kernels at: the roofline is a
+        // property of the machine, and an avx2-capped run reads its % against it.
+        if kernel_cpu::Isa::Avx2.supported() {
             // SAFETY (both closures): the features were detected just above.
             let r = fma_rate(8, |n| unsafe { fma_chains_avx2(n) });
             if r > best.0 {

@@ -53,6 +53,8 @@ fn one_line_exit_2(out: &Output, needle: &str) {
 #[test]
 fn greedy_json_matches_transformers() {
     let Some(m) = model() else { return };
+    // f32 activations: transformers' float32 arithmetic (the default, packed, quantises
+    // activations to int8 as llama.cpp does, and continues differently after 4 tokens).
     let out = generate(&[
         "--model",
         m.to_str().unwrap(),
@@ -64,6 +66,8 @@ fn greedy_json_matches_transformers() {
         "json",
         "--threads",
         "2",
+        "--matmul",
+        "fused",
     ]);
     let v = json_ok(&out);
     let fixture: serde_json::Value = serde_json::from_str(include_str!(
@@ -89,6 +93,80 @@ fn greedy_json_matches_transformers() {
     ]);
     let v = json_ok(&out);
     assert_eq!(v["generated_ids"].as_array().unwrap().len(), 10);
+}
+
+/// Greedy ids of SmolLM2 for `extra` flags.
+fn greedy_ids(m: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--format",
+        "json",
+    ];
+    args.extend(extra);
+    let v = json_ok(&generate(&args));
+    v["generated_ids"].clone()
+}
+
+#[test]
+fn greedy_tokens_are_the_same_on_every_isa_and_layout() {
+    let Some(m) = model() else { return };
+    // int8 activations: packed tiles (the default) and row-major, at every tier.
+    let want = greedy_ids(&m, &[]);
+    for isa in ["avx512", "avx2", "portable"] {
+        let t = kernel_cpu::Isa::parse(isa).unwrap();
+        if !t.supported() {
+            eprintln!(
+                "skipped: isa {isa} (this CPU lacks {})",
+                t.missing().join(", ")
+            );
+            continue;
+        }
+        for matmul in ["packed", "fused:act=q8"] {
+            let got = greedy_ids(&m, &["--matmul", matmul, "--isa", isa][..]);
+            assert_eq!(got, want, "{matmul} at {isa}");
+        }
+        // f32 activations: transformers' tokens at every tier.
+        let fused = greedy_ids(&m, &["--matmul", "fused", "--isa", isa][..]);
+        assert_eq!(
+            fused,
+            greedy_ids(&m, &["--matmul", "fused"]),
+            "fused at {isa}"
+        );
+    }
+}
+
+#[test]
+fn an_isa_the_cpu_lacks_or_an_unknown_one_is_exit_2() {
+    let out = Command::new(BIN)
+        .args(["--isa", "sse9", "list"])
+        .output()
+        .unwrap();
+    one_line_exit_2(&out, "unknown ISA 'sse9'");
+    for t in kernel_cpu::Isa::ALL.into_iter().filter(|t| !t.supported()) {
+        let out = Command::new(BIN)
+            .args(["--isa", t.name(), "list"])
+            .output()
+            .unwrap();
+        one_line_exit_2(&out, "lacks");
+    }
+    let out = Command::new(BIN)
+        .env("WORKBENCH_ISA", "neon")
+        .arg("list")
+        .output()
+        .unwrap();
+    one_line_exit_2(&out, "WORKBENCH_ISA");
+    let out = Command::new(BIN)
+        .args(["--isa", "portable", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ISA: portable in use"));
 }
 
 #[test]

@@ -12,20 +12,16 @@ use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
 use moe_kernels::{route, Capacity, DropPolicy, MoeConfig, WeightNorm};
 use paged_kernels::{paged_decode, PagedBatch, PagedDecodeShape, SplitKv, MAX_Q_LEN};
-use quant_kernels::{matmul, Isa, MatVecVariant, QuantMatrix};
+use quant_kernels::{MatVecVariant, Prepared, QuantMatrix};
 use spec_kernels::{tree_attention, DraftTree, TreeAttnShape, TreeContext};
 
 /// The error type of the pipeline: one line naming the file or input at fault.
 pub type Result<T> = std::result::Result<T, KernelError>;
 
-/// How rotary embeddings pair the dimensions of a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// (x[i], x[i + d/2]): Hugging Face checkpoints (`rotate_half`).
-    HalfSplit,
-    /// (x[2i], x[2i+1]): GGUF llama files (their Q/K rows are permuted at conversion).
-    Interleaved,
-}
+/// How rotary embeddings pair the dimensions of a head: `HalfSplit` (x[i], x[i + d/2]) as
+/// Hugging Face checkpoints, `Interleaved` (x[2i], x[2i+1]) as GGUF llama files (their Q/K rows
+/// are permuted at conversion).
+pub use kernel_cpu::ops::RopePairs as RopeLayout;
 
 /// A Mixtral-style sparse feed-forward.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,8 +99,8 @@ impl LlamaConfig {
 
 /// One expert's SwiGLU: gate and up stacked, down.
 pub struct Expert {
-    pub gate_up: QuantMatrix,
-    pub down: QuantMatrix,
+    pub gate_up: Prepared,
+    pub down: Prepared,
 }
 
 /// A layer's feed-forward.
@@ -121,8 +117,8 @@ pub enum Ffn {
 pub struct Layer {
     pub attn_norm: Vec<f32>,
     /// Q, K and V stacked: one product per step instead of three.
-    pub wqkv: QuantMatrix,
-    pub wo: QuantMatrix,
+    pub wqkv: Prepared,
+    pub wo: Prepared,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
 }
@@ -138,14 +134,14 @@ pub enum AttentionChoice {
 /// A loaded model (weights and the attention choice; the KV cache lives in `KvPools`).
 pub struct Llama {
     pub cfg: LlamaConfig,
-    pub embed: QuantMatrix,
-    pub head: Option<QuantMatrix>,
+    pub embed: Prepared,
+    pub head: Option<Prepared>,
     pub out_norm: Vec<f32>,
     pub layers: Vec<Layer>,
     pub attention: AttentionChoice,
-    /// The product of every projection (`fused`, `fused:act=q8`, ...; formats it does not
-    /// take use the default).
-    pub matmul: MatVecVariant,
+    /// The product of every projection (`fused`, `fused:act=q8`, `packed`, ...; formats it
+    /// does not take use the default); the weights are laid out for it (`set_matmul`).
+    matmul: MatVecVariant,
     /// For chunks the chosen kernel does not take (a prompt under paged decode).
     fallback: Box<dyn AttentionKernel>,
     inv_freq: Vec<f32>,
@@ -205,52 +201,48 @@ impl SeqChunk<'_> {
     }
 }
 
-/// The greedy choice: the largest logit, the lowest id on ties.
+/// The greedy choice: the largest logit, the lowest id on ties (NaN never chosen; token 0 for
+/// a row without a number).
 pub fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        .map(|(i, _)| i as u32)
-        .expect("a non-empty vocabulary")
+    kernel_cpu::ops::argmax(logits).unwrap_or(0) as u32
 }
 
 /// The product every projection uses unless the model is given another.
-pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::Fused(Isa::Auto);
+pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::FUSED;
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    x.chunks(w.len())
-        .flat_map(|row| {
-            let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
-            let inv = 1.0 / (ms + eps).sqrt();
-            row.iter().zip(w).map(move |(v, g)| v * inv * g)
-        })
-        .collect()
+    let mut out = vec![0.0f32; x.len()];
+    kernel_cpu::ops::rmsnorm(x, w, eps, &mut out);
+    out
 }
 
 /// y = X·Wᵀ for `n` rows of X with `variant`, or the default product for a format the
 /// variant does not take.
-fn proj(w: &QuantMatrix, x: &[f32], n: usize, variant: MatVecVariant) -> Result<Vec<f32>> {
-    let mut y = vec![0.0f32; n * w.rows];
-    let v = if quant_kernels::supports(variant, w.format).is_ok() {
+fn proj(w: &Prepared, x: &[f32], n: usize, variant: MatVecVariant) -> Result<Vec<f32>> {
+    let mut y = vec![0.0f32; n * w.rows()];
+    w.matmul(x, n, &mut y, product_for(variant, w.format()))?;
+    Ok(y)
+}
+
+/// The product a weight of `format` gets when the model's is `variant`.
+fn product_for(variant: MatVecVariant, format: quant_kernels::WeightFormat) -> MatVecVariant {
+    if quant_kernels::supports(variant, format).is_ok() {
         variant
     } else {
         DEFAULT_MATMUL
-    };
-    matmul(w, x, n, &mut y, v)?;
-    Ok(y)
+    }
+}
+
+/// `w` laid out for the product its format gets under `variant`.
+fn relayout(w: &Prepared, variant: MatVecVariant) -> Result<Prepared> {
+    Prepared::new(w.rows_matrix(), product_for(variant, w.format()))
 }
 
 /// SwiGLU of rows [gate | up] → silu(gate) · up.
 fn swiglu(gu: &[f32], f: usize) -> Vec<f32> {
-    gu.chunks(2 * f)
-        .flat_map(|row| {
-            let (g, u) = row.split_at(f);
-            g.iter()
-                .zip(u)
-                .map(|(gv, uv)| gv / (1.0 + (-gv).exp()) * uv)
-        })
-        .collect()
+    let mut out = vec![0.0f32; gu.len() / 2];
+    kernel_cpu::ops::swiglu(gu, f, &mut out);
+    out
 }
 
 impl Expert {
@@ -282,8 +274,8 @@ impl Llama {
             .expect("flash2 exists"),
             matmul: DEFAULT_MATMUL,
             cfg,
-            embed,
-            head,
+            embed: embed.into(),
+            head: head.map(Prepared::from),
             out_norm,
             layers,
             inv_freq,
@@ -304,9 +296,52 @@ impl Llama {
         Ok(())
     }
 
+    /// The product every projection uses.
+    pub fn matmul(&self) -> MatVecVariant {
+        self.matmul
+    }
+
+    /// Uses `variant` for every projection (formats it does not take use the default) and
+    /// lays every weight out for it: packed into tiles for `packed`, row-major otherwise.
+    pub fn set_matmul(&mut self, variant: MatVecVariant) -> Result<()> {
+        if variant == MatVecVariant::Cuda {
+            return Err(KernelError::Unsupported(
+                "the model's projections run on the CPU; cuda_gemv is a quant-family variant"
+                    .into(),
+            ));
+        }
+        variant.isa()?;
+        let lay = |w: &mut Prepared| -> Result<()> {
+            *w = relayout(w, variant)?;
+            Ok(())
+        };
+        lay(&mut self.embed)?;
+        if let Some(h) = self.head.as_mut() {
+            lay(h)?;
+        }
+        for l in &mut self.layers {
+            lay(&mut l.wqkv)?;
+            lay(&mut l.wo)?;
+            match &mut l.ffn {
+                Ffn::Dense(e) => {
+                    lay(&mut e.gate_up)?;
+                    lay(&mut e.down)?;
+                }
+                Ffn::Moe { experts, .. } => {
+                    for e in experts {
+                        lay(&mut e.gate_up)?;
+                        lay(&mut e.down)?;
+                    }
+                }
+            }
+        }
+        self.matmul = variant;
+        Ok(())
+    }
+
     /// Bytes of all weights (what one decode step must read at least once).
     pub fn weight_bytes(&self) -> usize {
-        let m = |q: &QuantMatrix| q.bytes().len();
+        let m = |q: &Prepared| q.byte_len();
         let mut total = self.head.as_ref().map_or(0, m) + 4 * self.out_norm.len();
         if self.head.is_none() {
             total += m(&self.embed);
@@ -327,24 +362,20 @@ impl Llama {
         total
     }
 
-    /// Rotary embedding of `heads` heads in each row, row r at position `positions[r]`.
-    fn rope(&self, x: &mut [f32], heads: usize, positions: &[usize]) {
+    /// Rotary embedding of `heads` heads in each row, row r rotated by row r of `table`
+    /// (cos, sin from `kernel_cpu::ops::rope_table` for the rows' positions).
+    fn rope(&self, x: &mut [f32], heads: usize, table: &(Vec<f32>, Vec<f32>)) {
         let d = self.cfg.head_dim;
         let half = d / 2;
-        for (row, &pos) in x.chunks_mut(heads * d).zip(positions) {
-            let pos = pos as f32;
-            for h in row.chunks_mut(d) {
-                for (i, f) in self.inv_freq.iter().enumerate() {
-                    let (s, c) = (pos * f).sin_cos();
-                    let (ia, ib) = match self.cfg.rope {
-                        RopeLayout::HalfSplit => (i, i + half),
-                        RopeLayout::Interleaved => (2 * i, 2 * i + 1),
-                    };
-                    let (a, b) = (h[ia], h[ib]);
-                    h[ia] = a * c - b * s;
-                    h[ib] = a * s + b * c;
-                }
-            }
+        for (r, row) in x.chunks_mut(heads * d).enumerate() {
+            let at = r * half..(r + 1) * half;
+            kernel_cpu::ops::rope(
+                row,
+                heads,
+                &table.0[at.clone()],
+                &table.1[at],
+                self.cfg.rope,
+            );
         }
     }
 
@@ -410,6 +441,12 @@ impl Llama {
     /// prefix admitted in the same step).
     pub fn forward(&self, kv: &mut KvPools, chunks: &[SeqChunk]) -> Result<Vec<Vec<f32>>> {
         self.check_chunks(kv, chunks)?;
+        // One team for the whole pass: the ~5 parallel regions per layer are spin-joined
+        // instead of rayon fork-joins (`kernel_cpu::team`).
+        kernel_cpu::team::with_team(|| self.forward_checked(kv, chunks))
+    }
+
+    fn forward_checked(&self, kv: &mut KvPools, chunks: &[SeqChunk]) -> Result<Vec<Vec<f32>>> {
         let cfg = self.cfg;
         let (d, qd, kvd) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim());
         let rows: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
@@ -424,11 +461,16 @@ impl Llama {
         let n_total: usize = rows.iter().sum();
         let placement: Vec<(Vec<usize>, Vec<usize>)> =
             chunks.iter().map(|c| (c.positions(), c.slots())).collect();
+        // cos/sin of every chunk's positions, once for all heads and layers.
+        let rope_tables: Vec<(Vec<f32>, Vec<f32>)> = placement
+            .iter()
+            .map(|(pos, _)| kernel_cpu::ops::rope_table(&self.inv_freq, pos))
+            .collect();
         let mut codes = vec![];
         let mut x = vec![0.0f32; n_total * d];
         for (i, &t) in chunks.iter().flat_map(|c| c.tokens).enumerate() {
             self.embed
-                .decode_row_range(t as usize, 0, &mut x[i * d..(i + 1) * d], &mut codes);
+                .decode_row(t as usize, &mut x[i * d..(i + 1) * d], &mut codes);
         }
         for (li, l) in self.layers.iter().enumerate() {
             let h = rmsnorm(&x, &l.attn_norm, cfg.eps);
@@ -443,10 +485,15 @@ impl Llama {
                 k.extend_from_slice(&row[qd..qd + kvd]);
                 v.extend_from_slice(&row[qd + kvd..]);
             }
-            for ((c, &at), (pos, slots)) in chunks.iter().zip(&offsets).zip(&placement) {
+            for (((c, &at), (_, slots)), table) in chunks
+                .iter()
+                .zip(&offsets)
+                .zip(&placement)
+                .zip(&rope_tables)
+            {
                 let n = c.tokens.len();
-                self.rope(&mut q[at * qd..(at + n) * qd], cfg.heads, pos);
-                self.rope(&mut k[at * kvd..(at + n) * kvd], cfg.kv_heads, pos);
+                self.rope(&mut q[at * qd..(at + n) * qd], cfg.heads, table);
+                self.rope(&mut k[at * kvd..(at + n) * kvd], cfg.kv_heads, table);
                 kv.write(
                     li,
                     c.table,

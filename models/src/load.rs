@@ -179,8 +179,8 @@ impl Builder<'_> {
         let (d, f) = (cfg.d_model, cfg.d_ff);
         let (g, u) = (self.get(gate, i, f, d)?, self.get(up, i, f, d)?);
         Ok(Expert {
-            gate_up: self.stack(&[&g, &u], i)?,
-            down: self.get(down, i, d, f)?,
+            gate_up: self.stack(&[&g, &u], i)?.into(),
+            down: self.get(down, i, d, f)?.into(),
         })
     }
 
@@ -218,8 +218,8 @@ impl Builder<'_> {
         };
         Ok(Layer {
             attn_norm: self.vector(Part::AttnNorm, i, d)?,
-            wqkv: self.stack(&[&q, &k, &v], i)?,
-            wo: self.get(Part::O, i, d, qd)?,
+            wqkv: self.stack(&[&q, &k, &v], i)?.into(),
+            wo: self.get(Part::O, i, d, qd)?.into(),
             ffn_norm: self.vector(Part::FfnNorm, i, d)?,
             ffn,
         })
@@ -263,7 +263,7 @@ pub fn build(
         layers,
         &opts.attention,
     )?;
-    model.matmul = opts.matmul;
+    model.set_matmul(opts.matmul)?;
     Ok(model)
 }
 

@@ -364,7 +364,7 @@ fn prepare_quant(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
                 .map_err(|e| e.to_string());
             // act=q8 is judged against the product with its quantised activation; against the
             // stored y (a product with x itself) it is expected to differ by that error.
-            let expect = if variant == MatVecVariant::FusedQ8 {
+            let expect = if matches!(variant, MatVecVariant::FusedQ8(_)) {
                 expect_for(variant, None)
             } else {
                 expect.clone()

@@ -1,6 +1,7 @@
 //! Property tests: every attention variant equals the f64 reference on random shapes, tile
 //! sizes and dtypes, with outputs poisoned first; GQA with kv_heads = q_heads equals MHA;
-//! a batch row's result does not depend on its neighbours.
+//! a batch row's result does not depend on its neighbours. Every check runs at each ISA tier
+//! this machine has (avx512, avx2, portable).
 
 use attention_kernels::reference::attention;
 use attention_kernels::{kernel_from_spec, AttentionInputs, AttentionKernel, AttentionShape};
@@ -23,16 +24,21 @@ fn run(kernel: &dyn AttentionKernel, shape: &AttentionShape, inputs: &AttentionI
     out.to_f32()
 }
 
+/// The variant against the f64 reference at every ISA tier this machine runs (the others are
+/// named on stderr by `isa::runnable`).
 fn check(spec: &str, shape: &AttentionShape, dtype: DType, seed: u64) -> Result<(), TestCaseError> {
     let inputs = AttentionInputs::random(shape, dtype, seed);
     let want = attention(shape, &inputs);
-    let got = run(kernel(spec).as_ref(), shape, &inputs);
-    let stats = ErrorStats::compare(&got, &want);
-    prop_assert!(
-        stats.passes(&tolerance(dtype)),
-        "{spec} {dtype} {}: {stats:?}",
-        shape.label()
-    );
+    for isa in kernel_cpu::isa::runnable() {
+        let got = kernel_cpu::isa::with_isa(isa, || run(kernel(spec).as_ref(), shape, &inputs))
+            .expect("a runnable tier");
+        let stats = ErrorStats::compare(&got, &want);
+        prop_assert!(
+            stats.passes(&tolerance(dtype)),
+            "{spec} {dtype} isa {isa} {}: {stats:?}",
+            shape.label()
+        );
+    }
     Ok(())
 }
 

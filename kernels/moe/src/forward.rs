@@ -11,8 +11,8 @@
 use crate::config::MoeConfig;
 use crate::routing::Routing;
 use crate::weights::MoeWeights;
-use kernel_common::gemm::{sgemm, Strides};
 use kernel_common::{error::Result, KernelError};
+use kernel_cpu::gemm::{sgemm, Strides};
 use rayon::prelude::*;
 
 /// Which expert computation.
@@ -80,14 +80,14 @@ fn naive(cfg: &MoeConfig, w: &MoeWeights, x: &[f32], routing: &Routing, out: &mu
             g.fill(0.0);
             u.fill(0.0);
             for (i, &xi) in xt.iter().enumerate() {
-                kernel_common::simd::axpy_plain(xi, &wg[i * f..(i + 1) * f], &mut g);
-                kernel_common::simd::axpy_plain(xi, &wu[i * f..(i + 1) * f], &mut u);
+                kernel_cpu::simd::axpy_plain(xi, &wg[i * f..(i + 1) * f], &mut g);
+                kernel_cpu::simd::axpy_plain(xi, &wu[i * f..(i + 1) * f], &mut u);
             }
             let wd = &w.w_down[a.expert * f * d..(a.expert + 1) * f * d];
             let weight = a.weight as f32;
             for j in 0..f {
                 let h = silu(g[j]) * u[j] * weight;
-                kernel_common::simd::axpy_plain(h, &wd[j * d..(j + 1) * d], o);
+                kernel_cpu::simd::axpy_plain(h, &wd[j * d..(j + 1) * d], o);
             }
         }
     });

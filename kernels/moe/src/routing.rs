@@ -7,8 +7,8 @@
 //! one function, `select`, shared by both, so a test can hand either the other's decisions.
 
 use crate::config::{DropPolicy, MoeConfig, WeightNorm};
-use kernel_common::gemm::{sgemm, Strides};
 use kernel_common::{error::Result, KernelError};
+use kernel_cpu::gemm::{sgemm, Strides};
 use rayon::prelude::*;
 
 /// One (token, rank) choice of the router.

@@ -8,8 +8,10 @@
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use attention_kernels::cpu::gemm::widen;
 use kernel_common::error::Result;
-use kernel_common::rows::{Avx2, Avx512, Portable, RowKernels};
-use kernel_common::{simd, Buffer, Element, KernelError};
+use kernel_common::{Buffer, Element, KernelError};
+use kernel_cpu::rows::{Avx2, Avx512, Portable, RowKernels};
+use kernel_cpu::simd;
+use kernel_cpu::{team, Isa};
 use rayon::prelude::*;
 
 /// Most new query tokens per sequence the decode kernel takes (speculative verification).
@@ -298,8 +300,9 @@ fn attend_range_avx512<T: Element>(
     attend_range(kern, view, q, t0, t1, acc)
 }
 
-/// Runs one partition of one task and returns its state.
-fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize) -> Acc {
+/// Runs one partition of one task at ISA tier `isa` (resolved on the calling thread) and
+/// returns its state.
+fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize, isa: Isa) -> Acc {
     let rows = view.horizon.len();
     let mut acc = Acc {
         o: vec![0.0; rows * view.layout.head_dim],
@@ -307,13 +310,13 @@ fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize
         l: vec![0.0; rows],
     };
     #[cfg(target_arch = "x86_64")]
-    if let Some(kern) = Avx512::detect() {
+    if let Some(kern) = Avx512::for_tier(isa) {
         // SAFETY: the token proves AVX-512F, AVX2 and FMA were detected on this CPU.
         unsafe { attend_range_avx512(kern, view, q, t0, t1, &mut acc) };
         return acc;
     }
     #[cfg(target_arch = "x86_64")]
-    if let Some(kern) = Avx2::detect() {
+    if let Some(kern) = Avx2::for_tier(isa) {
         // SAFETY: the token proves AVX2 and FMA were detected on this CPU.
         unsafe { attend_range_avx2(kern, view, q, t0, t1, &mut acc) };
         return acc;
@@ -362,39 +365,39 @@ fn decode_typed<T: Element>(
 ) {
     let d = shape.head_dim;
     let rows = shape.rows();
-    out.par_chunks_mut(rows * d)
-        .enumerate()
-        .for_each(|(task, o)| {
-            let (seq, kv_head) = (task / shape.kv_heads, task % shape.kv_heads);
-            let ctx = batch.context_lens[seq];
-            let horizon: Vec<usize> = (0..rows)
-                .map(|r| ctx - shape.q_len + r % shape.q_len)
-                .collect();
-            let view = TaskView {
-                layout,
-                k,
-                v,
-                table: &batch.block_tables[seq],
-                kv_head,
-                horizon: &horizon,
-            };
-            let mut qf: Vec<f32> = vec![0.0; rows * d];
-            T::widen_into(&q[task * rows * d..(task + 1) * rows * d], &mut qf);
-            simd::scale(shape.scale, &mut qf);
-            let part = split.partition_tokens(ctx);
-            let bounds: Vec<(usize, usize)> = (0..ctx.div_ceil(part))
-                .map(|p| (p * part, ((p + 1) * part).min(ctx)))
-                .collect();
-            let parts: Vec<Acc> = if bounds.len() == 1 {
-                vec![partition(&view, &qf, 0, ctx)]
-            } else {
-                bounds
-                    .par_iter()
-                    .map(|&(t0, t1)| partition(&view, &qf, t0, t1))
-                    .collect()
-            };
-            reduce(&parts, d, o);
-        });
+    // Resolved here, before work is forked: a worker thread does not see this thread's choice.
+    let isa = Isa::active();
+    team::for_each_chunk_mut(out, rows * d, |task, o| {
+        let (seq, kv_head) = (task / shape.kv_heads, task % shape.kv_heads);
+        let ctx = batch.context_lens[seq];
+        let horizon: Vec<usize> = (0..rows)
+            .map(|r| ctx - shape.q_len + r % shape.q_len)
+            .collect();
+        let view = TaskView {
+            layout,
+            k,
+            v,
+            table: &batch.block_tables[seq],
+            kv_head,
+            horizon: &horizon,
+        };
+        let mut qf: Vec<f32> = vec![0.0; rows * d];
+        T::widen_into(&q[task * rows * d..(task + 1) * rows * d], &mut qf);
+        simd::scale(shape.scale, &mut qf);
+        let part = split.partition_tokens(ctx);
+        let bounds: Vec<(usize, usize)> = (0..ctx.div_ceil(part))
+            .map(|p| (p * part, ((p + 1) * part).min(ctx)))
+            .collect();
+        let parts: Vec<Acc> = if bounds.len() == 1 {
+            vec![partition(&view, &qf, 0, ctx, isa)]
+        } else {
+            bounds
+                .par_iter()
+                .map(|&(t0, t1)| partition(&view, &qf, t0, t1, isa))
+                .collect()
+        };
+        reduce(&parts, d, o);
+    });
 }
 
 /// Paged decode: `q`/`out` are `[seqs, q_heads, q_len, head_dim]` in the pool's dtype.

@@ -1,7 +1,8 @@
 //! Property tests for the paged family: paged decode equals the f64 reference and the
 //! contiguous flash2 kernel for any block size and any permutation of physical blocks, with
 //! sequences of different lengths in one batch; split-KV equals unsplit; a sequence's output
-//! does not depend on its batch neighbours; NaN in unused pool slots never leaks.
+//! does not depend on its batch neighbours; NaN in unused pool slots never leaks. Checks against
+//! the reference run at each ISA tier this machine has.
 
 use attention_kernels::{kernel_from_spec as attention_kernel, AttentionInputs, AttentionShape};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats, VariantSpec};
@@ -42,15 +43,19 @@ fn decode(c: &PagedCase, split: SplitKv) -> Vec<f32> {
     c.decode(split).unwrap()
 }
 
+/// Paged decode against the f64 reference at every ISA tier this machine runs (the others are
+/// named on stderr by `isa::runnable`).
 fn assert_matches_reference(c: &PagedCase, split: SplitKv) -> Result<(), TestCaseError> {
     let want = c.reference().unwrap();
-    let got = decode(c, split);
-    let stats = ErrorStats::compare(&got, &want);
-    prop_assert!(
-        stats.passes(&tolerance(c.pool.dtype())),
-        "{split:?} {:?}: {stats:?}",
-        c.batch.context_lens
-    );
+    for isa in kernel_cpu::isa::runnable() {
+        let got = kernel_cpu::isa::with_isa(isa, || decode(c, split)).expect("a runnable tier");
+        let stats = ErrorStats::compare(&got, &want);
+        prop_assert!(
+            stats.passes(&tolerance(c.pool.dtype())),
+            "{split:?} isa {isa} {:?}: {stats:?}",
+            c.batch.context_lens
+        );
+    }
     Ok(())
 }
 

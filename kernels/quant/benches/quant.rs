@@ -30,14 +30,7 @@ fn bench(c: &mut Criterion) {
             group.throughput(Throughput::Bytes(m.bytes().len() as u64));
             group.bench_function(BenchmarkId::new(name, format!("b{batch}")), |b| {
                 b.iter(|| {
-                    matmul(
-                        &m,
-                        &x,
-                        batch,
-                        &mut y,
-                        MatVecVariant::Fused(quant_kernels::Isa::Auto),
-                    )
-                    .expect("valid shapes")
+                    matmul(&m, &x, batch, &mut y, MatVecVariant::FUSED).expect("valid shapes")
                 })
             });
         }

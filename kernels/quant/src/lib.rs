@@ -6,6 +6,10 @@
 /// CUDA dequantising GEMV (`quant.cu`).
 pub mod cuda;
 
+/// The int8 activation of llama.cpp's path (quantise, permute, per-chunk sums).
+pub mod act_q8;
+/// AVX2 (x86-64-v3) in-register decode + dot kernels.
+pub mod avx2;
 /// AVX-512 in-register decode + dot kernels.
 pub mod avx512;
 /// Weight formats and byte layouts.
@@ -18,14 +22,25 @@ pub mod group;
 pub mod matrix;
 /// Fused dequant GEMV/GEMM and the unfused baseline.
 pub mod matvec;
+/// 16-row interleaved tiles for the int8-activation product (the `packed` variant).
+pub mod packed;
+/// What the in-register kernels know of a format; header readers; per-format dispatch.
+pub mod plan;
+/// Plain-loop products: any CPU.
+pub mod portable;
+/// A weight matrix in the layout of the variant that reads it (rows or packed tiles).
+pub mod prepared;
 /// The f64 reference product.
 pub mod reference;
 /// Random weights (Gaussian, outlier channels) for checks and experiments.
 pub mod weights;
 
 pub use format::{ScaleType, WeightFormat};
+pub use kernel_cpu::Isa;
 pub use matrix::{QuantError, QuantMatrix};
-pub use matvec::{activation_as_seen, matmul, supports, Isa, MatVecVariant};
+pub use matvec::{activation_as_seen, matmul, supports, MatVecVariant};
+pub use packed::PackedMatrix;
+pub use prepared::Prepared;
 pub use weights::WeightDist;
 
 use kernel_common::{error::Result, KernelError, VariantSpec};
@@ -34,7 +49,11 @@ use kernel_common::{error::Result, KernelError, VariantSpec};
 pub const VARIANTS: &[(&str, &str)] = &[
     (
         "fused",
-        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | portable), act (f32 | q8: int8 activations and VNNI dot products, llama.cpp's path)",
+        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2)",
+    ),
+    (
+        "packed",
+        "int8 activations on 16-row interleaved tiles built at load (llama.cpp's repacked layout; VNNI vpdpbusd on avx512, maddubs on avx2): q4_0, q4_1, q8_0; param isa (auto | avx512 | avx2 | portable)",
     ),
     (
         "dequant",
@@ -55,28 +74,29 @@ pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<MatVecVariant>> {
     match spec.name.as_str() {
         "fused" => {
             spec.only(&["isa", "act"])?;
+            let isa = match spec.params.get("isa").map_or("auto", String::as_str) {
+                "auto" => None,
+                name => Some(
+                    Isa::parse(name)
+                        .map_err(|e| KernelError::Unsupported(format!("fused: {e} (or auto)")))?,
+                ),
+            };
             match spec.params.get("act").map_or("f32", String::as_str) {
-                "f32" => {}
-                "q8" if !spec.params.contains_key("isa") => {
-                    return Ok(Some(MatVecVariant::FusedQ8))
-                }
-                "q8" => {
-                    return Err(KernelError::Unsupported(
-                        "fused: act=q8 has one kernel (AVX-512 VNNI); drop isa".into(),
-                    ))
-                }
-                other => {
-                    return Err(KernelError::Unsupported(format!(
-                        "fused: act must be f32 or q8, got '{other}'"
-                    )))
-                }
-            }
-            match spec.params.get("isa").map_or("auto", String::as_str) {
-                "auto" => Ok(Some(MatVecVariant::Fused(Isa::Auto))),
-                "portable" => Ok(Some(MatVecVariant::Fused(Isa::Portable))),
+                "f32" => Ok(Some(MatVecVariant::Fused(isa))),
+                "q8" => Ok(Some(MatVecVariant::FusedQ8(isa))),
                 other => Err(KernelError::Unsupported(format!(
-                    "fused: isa must be auto or portable, got '{other}'"
+                    "fused: act must be f32 or q8, got '{other}'"
                 ))),
+            }
+        }
+        "packed" => {
+            spec.only(&["isa"])?;
+            match spec.params.get("isa").map_or("auto", String::as_str) {
+                "auto" => Ok(Some(MatVecVariant::Packed(None))),
+                name => Ok(Some(MatVecVariant::Packed(Some(
+                    Isa::parse(name)
+                        .map_err(|e| KernelError::Unsupported(format!("packed: {e} (or auto)")))?,
+                )))),
             }
         }
         "cuda_gemv" => {

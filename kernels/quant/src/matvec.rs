@@ -1,79 +1,103 @@
 //! Y = X · Wᵀ with W in any `WeightFormat` (llama.cpp's `ggml_mul_mat` with quantised
-//! weights and f32 activations): X is `batch` × cols, Y is `batch` × rows, both row-major.
-//!
-//! Rows are split over threads (rayon). With AVX-512 (`Isa::Auto` on a CPU that has it):
+//! weights): X is `batch` × cols, Y is `batch` × rows, both row-major. Rows are split over
+//! threads (rayon); the inner loops are chosen per ISA tier (`kernel_cpu::Isa`: the active one,
+//! or the one a variant names with `isa=`):
 //! - batch 1 (decode), the fused GEMV: 4 rows at a time, codes decoded in registers
-//!   (`avx512::gemv`), never materialising W; f32 weights use the same row blocking through
-//!   `kernel_common::rows` (an f32 GEMV of equal care), f16 weights convert in registers.
-//! - batch ≥ 2: the register-tile kernel (`avx512::tile`): 2 rows (4 for f32/f16) × up to 4
-//!   activation vectors per pass, each weight chunk decoded once per pass; the same kernel
-//!   reads f32/f16 weights (faster than faer's GEMM here: f32 4096×4096 at batch 16, 8.8 ms
-//!   vs 10.5 ms).
+//!   (`avx512::gemv`, `avx2::gemv`), never materialising W; f32 weights use the same row
+//!   blocking through `kernel_cpu::rows` (an f32 GEMV of equal care), f16 weights convert in
+//!   registers (F16C).
+//! - batch ≥ 2: the register-tile kernel (`avx512::tile`, `avx2::tile`): 2 rows (AVX-512: 4
+//!   for f32/f16) × up to 4 activation vectors per pass, each weight chunk decoded once per
+//!   pass; the same kernel reads f32/f16 weights (faster than faer's GEMM here: f32 4096×4096
+//!   at batch 16, 8.8 ms vs 10.5 ms on AVX-512).
+//! - int8 activations (`FusedQ8`, llama.cpp's path): the activation quantised per 32 values,
+//!   integer dot products per chunk (`avx512::q8act` with VNNI, `avx2::q8act`, or
+//!   `portable::rows_dot_q8`).
 //!
 //! Formats the in-register kernels do not take (3/5/6/7-bit codes, 2-bit groups of 32, groups
-//! that are not a multiple of the 16-byte chunk) and `Isa::Portable`: batch 1 decodes a few
-//! blocks at a time into scratch and takes dot products; batch ≥ 2 decodes 64-row × 512-column
-//! tiles to f32 and multiplies them by faer's GEMM. `MatVecVariant::Dequant` is the unfused
-//! baseline: all of W dequantised to f32 on every call, then the f32 product;
-//! `MatVecVariant::Faer` the library baseline: f32 weights, one faer GEMM call.
+//! that are not a multiple of the 16-byte chunk) and the portable tier use `portable`.
+//! `MatVecVariant::Dequant` is the unfused baseline: all of W dequantised to f32 on every call,
+//! then the f32 product; `MatVecVariant::Faer` the library baseline: f32 weights, one faer GEMM
+//! call.
 
-use crate::avx512::{self, q8act, BlockPlan};
+use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::QuantMatrix;
-use kernel_common::gemm::{sgemm, sgemm_parallel, Strides};
-use kernel_common::rows::{Avx512, RowKernels};
+use crate::plan::BlockPlan;
+use crate::{avx2, avx512, portable};
 use kernel_common::{error::Result, Cost, KernelError};
+use kernel_cpu::gemm::{sgemm_parallel, Strides};
+use kernel_cpu::rows::{self as row_kernels, RowKernels};
+use kernel_cpu::{team, Isa};
 use rayon::prelude::*;
-
-/// Instruction set of the fused kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    /// AVX-512 when the CPU has it, else portable.
-    Auto,
-    /// Plain loops (block decode + dot, decoded tiles + GEMM), any CPU.
-    Portable,
-}
 
 /// How the product is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatVecVariant {
-    /// Dequantise on the fly.
-    Fused(Isa),
+    /// Dequantise on the fly with f32 activations, at the given ISA tier (`None`: the active
+    /// one, `Isa::active()`).
+    Fused(Option<Isa>),
     /// Dequantise all of W to f32, then the f32 product.
     Dequant,
     /// f32 weights only: one whole-matrix GEMM by faer (its own packing and threading), the
     /// library baseline for the f32 kernels.
     Faer,
     /// llama.cpp's CPU path: the activation quantised to int8 per 32 values, integer dot
-    /// products (AVX-512 VNNI) against 4- or 8-bit codes (`avx512::q8act`); batch > 1 runs it
-    /// per activation.
-    FusedQ8,
+    /// products against 4- or 8-bit codes; batch > 1 runs it per activation. The tier as for
+    /// `Fused`.
+    FusedQ8(Option<Isa>),
     /// The CUDA dequantising GEMV (`cuda_gemv`, quant.cu): f16, sym4g32, q4_0, q8_0 at batch
     /// ≤ 8. `matmul` uploads, runs and downloads; experiments time the kernel alone.
     Cuda,
+    /// int8 activations on 16-row interleaved tiles (`crate::packed`: llama.cpp's repacked
+    /// layout), q4_0, q4_1 and q8_0; the tiles are built once by `Prepared::new` (untimed), or
+    /// on every call when `matmul` is given the row-major matrix. The tier as for `Fused`.
+    Packed(Option<Isa>),
 }
 
-/// Whether `variant` can multiply weights stored as `format`.
+impl MatVecVariant {
+    /// The default: fused, f32 activations, the active tier.
+    pub const FUSED: MatVecVariant = MatVecVariant::Fused(None);
+
+    /// The ISA tier the variant's CPU kernels run at if called now from this thread (the
+    /// baselines' own loops run at the active tier); an error when the variant names a tier
+    /// this CPU lacks or the cap excludes. `None` for CUDA.
+    pub fn isa(self) -> Result<Option<Isa>> {
+        match self {
+            MatVecVariant::Cuda => Ok(None),
+            MatVecVariant::Fused(Some(isa))
+            | MatVecVariant::FusedQ8(Some(isa))
+            | MatVecVariant::Packed(Some(isa)) => isa
+                .require()
+                .map(Some)
+                .map_err(|e| KernelError::Unsupported(e.to_string())),
+            _ => Ok(Some(Isa::active())),
+        }
+    }
+}
+
+/// Whether `variant` can multiply weights stored as `format` (on this CPU, under the cap).
 pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     if variant == MatVecVariant::Cuda {
         return crate::cuda::gemv_entry(format).map(|_| ());
     }
+    variant.isa()?;
     if variant == MatVecVariant::Faer && format != WeightFormat::F32 {
         return Err(KernelError::Unsupported(format!(
             "faer multiplies f32 weights, not {format}"
         )));
     }
-    if variant == MatVecVariant::FusedQ8 {
-        if !BlockPlan::for_format(format).is_some_and(|p| q8act::supports(&p)) {
-            return Err(KernelError::Unsupported(format!(
-                "act=q8 takes 4- or 8-bit codes in groups of 32k (q4_0, q4_1, q8_0, sym/asym 4 and 8), not {format}"
-            )));
-        }
-        if !q8act::available() {
-            return Err(KernelError::Unsupported(
-                "act=q8 needs AVX-512 VNNI, which this CPU lacks".into(),
-            ));
-        }
+    if matches!(variant, MatVecVariant::Packed(_)) && !crate::packed::packable(format) {
+        return Err(KernelError::Unsupported(format!(
+            "packed takes q4_0, q4_1 and q8_0, not {format}"
+        )));
+    }
+    if matches!(variant, MatVecVariant::FusedQ8(_))
+        && !BlockPlan::for_format(format).is_some_and(|p| act_q8::supports(&p))
+    {
+        return Err(KernelError::Unsupported(format!(
+            "act=q8 takes 4- or 8-bit codes in groups of 32k (q4_0, q4_1, q8_0, sym/asym 4 and 8), not {format}"
+        )));
     }
     Ok(())
 }
@@ -82,16 +106,18 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
 /// quantisation dequantised (what the reference must use to judge that variant).
 pub fn activation_as_seen(variant: MatVecVariant, x: &[f32], cols: usize) -> Vec<f32> {
     match variant {
-        MatVecVariant::FusedQ8 => x.chunks(cols).flat_map(q8act::activation_as_seen).collect(),
+        MatVecVariant::FusedQ8(_) | MatVecVariant::Packed(_) => x
+            .chunks(cols)
+            .flat_map(act_q8::activation_as_seen)
+            .collect(),
         _ => x.to_vec(),
     }
 }
 
 /// Rows per thread task.
 const TASK_ROWS: usize = 32;
-/// Rows and columns of the portable GEMM's decoded tile.
-const TILE_ROWS: usize = 64;
-const TILE_COLS: usize = 512;
+/// Rows per pass of the int8-activation kernels.
+const Q8_ROWS: usize = 8;
 
 /// Minimum traffic and useful FLOPs of one product.
 pub fn cost(w: &QuantMatrix, batch: usize) -> Cost {
@@ -126,6 +152,9 @@ pub fn matmul(
 ) -> Result<()> {
     check(w, x, batch, y)?;
     supports(variant, w.format)?;
+    // Resolved here, on the calling thread, before any work is forked (`Isa::active` reads
+    // this thread's choice).
+    let isa = variant.isa()?.unwrap_or(Isa::Portable);
     match variant {
         MatVecVariant::Cuda => {
             y.copy_from_slice(&crate::cuda::gemv_cuda(w, x, batch)?);
@@ -148,10 +177,14 @@ pub fn matmul(
             );
             Ok(())
         }
-        MatVecVariant::FusedQ8 => {
+        MatVecVariant::Packed(_) => {
+            crate::packed::matmul(&crate::packed::PackedMatrix::pack(w)?, x, batch, y, isa)
+        }
+        MatVecVariant::FusedQ8(_) => {
             let plan = BlockPlan::for_format(w.format).expect("supports() checked the format");
             for (xb, yb) in x.chunks(w.cols).zip(y.chunks_mut(w.rows)) {
-                gemv_q8(w, &plan, &q8act::quantize_activation(&plan, xb), yb);
+                let act = act_q8::quantize_activation(&plan, xb);
+                gemv_q8(w, &plan, &act, yb, isa);
             }
             Ok(())
         }
@@ -159,11 +192,10 @@ pub fn matmul(
             let dense = w.dequantize();
             let bytes: Vec<u8> = dense.iter().flat_map(|v| v.to_le_bytes()).collect();
             let f = QuantMatrix::from_bytes(WeightFormat::F32, w.rows, w.cols, bytes)?;
-            matmul(&f, x, batch, y, MatVecVariant::Fused(Isa::Auto))
+            matmul(&f, x, batch, y, MatVecVariant::Fused(Some(isa)))
         }
-        MatVecVariant::Fused(isa) => {
-            let simd = isa == Isa::Auto && avx512::available();
-            let kernel = Kernel::new(w, simd);
+        MatVecVariant::Fused(_) => {
+            let kernel = Kernel::new(w, isa);
             if batch == 1 {
                 gemv(w, x, y, &kernel);
             } else {
@@ -178,32 +210,43 @@ pub fn matmul(
     }
 }
 
+/// A vector tier that has in-register kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    Avx512,
+    Avx2,
+}
+
 /// Which inner loop a call uses.
 enum Kernel {
     /// In-register decode of a quantised format.
-    Codes(BlockPlan),
-    /// f32 or f16 weights, AVX-512.
-    Dense { f16: bool },
+    Codes(BlockPlan, Simd),
+    /// f32 or f16 weights.
+    Dense { f16: bool, simd: Simd },
     /// Decode into scratch (GEMV) or tiles + faer GEMM (batch ≥ 2).
     Portable,
 }
 
 impl Kernel {
-    fn new(w: &QuantMatrix, simd: bool) -> Kernel {
-        if !simd {
+    fn new(w: &QuantMatrix, isa: Isa) -> Kernel {
+        let simd = if isa.has_avx512() {
+            Simd::Avx512
+        } else if isa.has_avx2() {
+            Simd::Avx2
+        } else {
             return Kernel::Portable;
-        }
+        };
         match w.format {
-            WeightFormat::F32 if f32_rows(w).is_some() => Kernel::Dense { f16: false },
-            WeightFormat::F16 => Kernel::Dense { f16: true },
-            f => BlockPlan::for_format(f).map_or(Kernel::Portable, Kernel::Codes),
+            WeightFormat::F32 if f32_rows(w).is_some() => Kernel::Dense { f16: false, simd },
+            WeightFormat::F16 => Kernel::Dense { f16: true, simd },
+            f => BlockPlan::for_format(f).map_or(Kernel::Portable, |p| Kernel::Codes(p, simd)),
         }
     }
 
     /// An activation vector in the order the kernel reads it.
     fn activation(&self, x: &[f32]) -> Vec<f32> {
         match self {
-            Kernel::Codes(plan) => plan.permute_activation(x),
+            Kernel::Codes(plan, _) => plan.permute_activation(x),
             _ => x.to_vec(),
         }
     }
@@ -219,16 +262,18 @@ impl Kernel {
         out: &mut [f32],
     ) {
         if matches!(self, Kernel::Portable) {
-            return decoded_tile_gemm(w, r0, mr, x, acts.len(), out);
+            return portable::decoded_tile_gemm(w, r0, mr, x, acts.len(), out);
         }
         let batch = acts.len();
-        // Rows per pass: 4 × 4 accumulators fit the 32 vector registers for dense weights; a
-        // quantised pass also holds each row's codes, scale and bias, and 4 rows spilled
-        // (4096×4096 Q4_0 at batch 16: 9.0 ms with 4 rows, 5.6 ms with 2).
-        let per_pass = if matches!(self, Kernel::Dense { .. }) {
-            4
-        } else {
-            2
+        // Rows per pass: on AVX-512, 4 × 4 accumulators fit the 32 vector registers for dense
+        // weights; a quantised pass also holds each row's codes, scale and bias, and 4 rows
+        // spilled (4096×4096 Q4_0 at batch 16: 9.0 ms with 4 rows, 5.6 ms with 2). AVX2 has 16
+        // registers: 2 rows × 4 activations for every format.
+        let per_pass = match self {
+            Kernel::Dense {
+                simd: Simd::Avx512, ..
+            } => 4,
+            _ => 2,
         };
         let mut i = 0;
         while i < mr {
@@ -286,19 +331,34 @@ impl Kernel {
         xs: [&[f32]; B],
     ) -> [[f32; B]; R] {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Codes and Dense are only built after `avx512::available()`; the kernels
-        // assert that rows and activations cover `cols` values.
+        // SAFETY: Codes and Dense are built only for a tier `Isa::require`/`Isa::active`
+        // allowed, so the CPU has its features; the kernels assert that rows and activations
+        // cover `cols` values.
         unsafe {
+            use Simd::*;
             match self {
-                Kernel::Codes(plan) => {
+                Kernel::Codes(plan, Avx512) => {
                     return avx512::tile::rows_tile::<R, B>(plan, rows, w.cols / plan.values, xs)
                 }
-                Kernel::Dense { f16: true } => {
-                    return avx512::tile::dense_tile::<R, B, true>(rows, w.cols, xs)
+                Kernel::Codes(plan, Avx2) => {
+                    return avx2::tile::rows_tile::<R, B>(plan, rows, w.cols / plan.values, xs)
                 }
-                Kernel::Dense { f16: false } => {
-                    return avx512::tile::dense_tile::<R, B, false>(rows, w.cols, xs)
-                }
+                Kernel::Dense {
+                    f16: true,
+                    simd: Avx512,
+                } => return avx512::tile::dense_tile::<R, B, true>(rows, w.cols, xs),
+                Kernel::Dense {
+                    f16: false,
+                    simd: Avx512,
+                } => return avx512::tile::dense_tile::<R, B, false>(rows, w.cols, xs),
+                Kernel::Dense {
+                    f16: true,
+                    simd: Avx2,
+                } => return avx2::tile::dense_tile::<R, B, true>(rows, w.cols, xs),
+                Kernel::Dense {
+                    f16: false,
+                    simd: Avx2,
+                } => return avx2::tile::dense_tile::<R, B, false>(rows, w.cols, xs),
                 Kernel::Portable => {}
             }
         }
@@ -345,129 +405,111 @@ fn f32_rows(w: &QuantMatrix) -> Option<&[f32]> {
 fn gemv(w: &QuantMatrix, x: &[f32], y: &mut [f32], kernel: &Kernel) {
     let xs = kernel.activation(x);
     let dense = f32_rows(w);
-    let avx512 = Avx512::detect();
-    y.par_chunks_mut(TASK_ROWS)
-        .enumerate()
-        .for_each(|(t, out)| {
-            let r0 = t * TASK_ROWS;
-            let mut scratch = (vec![], vec![]);
-            let mut i = 0;
-            while i + 4 <= out.len() && !matches!(kernel, Kernel::Portable) {
-                let r = r0 + i;
-                let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
-                let four = match (kernel, dense, avx512) {
-                    (Kernel::Dense { f16: false }, Some(d), Some(k)) => {
-                        k.dot_rows::<4>(&d[r * w.cols..(r + 4) * w.cols], w.cols, x)
-                    }
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: Codes/Dense exist only after `avx512::available()`; the kernels
-                    // assert their slices cover the rows.
-                    (Kernel::Codes(plan), _, _) => unsafe {
-                        avx512::gemv::rows_dot::<4>(plan, rows, w.cols / plan.values, &xs)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    (Kernel::Dense { f16: true }, _, _) => unsafe {
-                        avx512::gemv::f16_rows_dot::<4>(rows, x)
-                    },
-                    _ => std::array::from_fn(|j| row_portable(w, r + j, x, &mut scratch)),
-                };
-                out[i..i + 4].copy_from_slice(&four);
-                i += 4;
-            }
-            for (j, o) in out.iter_mut().enumerate().skip(i) {
-                *o = row_portable(w, r0 + j, x, &mut scratch);
-            }
-        });
+    let rb = w.format.row_bytes(w.cols);
+    let data = w.bytes();
+    team::for_each_chunk_mut(y, TASK_ROWS, |t, out| {
+        let r0 = t * TASK_ROWS;
+        let mut scratch = (vec![], vec![]);
+        let mut i = 0;
+        while i + 4 <= out.len() && !matches!(kernel, Kernel::Portable) {
+            let r = r0 + i;
+            let rows: [&[u8]; 4] = std::array::from_fn(|j| &data[(r + j) * rb..(r + j + 1) * rb]);
+            out[i..i + 4].copy_from_slice(&rows_dot4(kernel, w, dense, r, rows, x, &xs));
+            i += 4;
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(i) {
+            *o = portable::row_dot(w, r0 + j, x, &mut scratch);
+        }
+    });
 }
 
-#[cfg(target_arch = "x86_64")]
-fn gemv_q8(w: &QuantMatrix, plan: &BlockPlan, act: &q8act::Q8Activation, y: &mut [f32]) {
-    let nblocks = w.cols / plan.values;
-    y.par_chunks_mut(TASK_ROWS)
-        .enumerate()
-        .for_each(|(t, out)| {
-            let r0 = t * TASK_ROWS;
-            let mut i = 0;
-            // SAFETY: `supports()` checked the format and `q8act::available()`; the kernel asserts
-            // that rows and activation cover the blocks.
-            unsafe {
-                while i + 4 <= out.len() {
-                    let r = r0 + i;
-                    let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
-                    let four = q8act::rows_dot_q8::<4>(plan, rows, nblocks, act);
-                    out[i..i + 4].copy_from_slice(&four);
-                    i += 4;
-                }
-                for (j, o) in out.iter_mut().enumerate().skip(i) {
-                    *o = q8act::rows_dot_q8::<1>(plan, [w.row(r0 + j)], nblocks, act)[0];
-                }
-            }
-        });
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn gemv_q8(_: &QuantMatrix, _: &BlockPlan, _: &q8act::Q8Activation, _: &mut [f32]) {
-    unreachable!("supports() refuses act=q8 off x86-64");
-}
-
-/// One row: decode a few blocks into scratch, dot them with x.
-fn row_portable(w: &QuantMatrix, r: usize, x: &[f32], scratch: &mut (Vec<f32>, Vec<u8>)) -> f32 {
-    let bv = w.format.block_values();
-    let (vals, codes) = scratch;
-    // Decode several small blocks at once so each dot product runs over a useful length.
-    let span = bv.max(256).next_multiple_of(bv).min(w.cols);
-    vals.resize(span, 0.0);
-    let mut sum = 0.0f32;
-    for (k, xs) in x.chunks(span).enumerate() {
-        let part = &mut vals[..xs.len()];
-        w.decode_row_range(r, k * span, part, codes);
-        sum += kernel_common::simd::dot_plain(part, xs);
-    }
-    sum
-}
-
-/// Portable batch ≥ 2: decode TILE_ROWS × TILE_COLS of W to f32, multiply by faer's GEMM.
-fn decoded_tile_gemm(
+/// Four rows from `r` against x (`xs`: x permuted for the kernel).
+fn rows_dot4(
+    kernel: &Kernel,
     w: &QuantMatrix,
-    r0: usize,
-    mr: usize,
+    dense: Option<&[f32]>,
+    r: usize,
+    rows: [&[u8]; 4],
     x: &[f32],
-    batch: usize,
-    out: &mut [f32],
-) {
-    let cols = w.cols;
-    let kc = TILE_COLS
-        .next_multiple_of(w.format.block_values())
-        .min(cols);
-    let mut tile = vec![0.0f32; TILE_ROWS.min(mr) * kc];
-    let mut codes = vec![];
-    for (t0, tr) in (0..mr)
-        .step_by(TILE_ROWS)
-        .map(|t| (t, TILE_ROWS.min(mr - t)))
-    {
-        let mut c = vec![0.0f32; batch * tr];
-        for k0 in (0..cols).step_by(kc) {
-            let kw = kc.min(cols - k0);
-            for i in 0..tr {
-                w.decode_row_range(r0 + t0 + i, k0, &mut tile[i * kw..(i + 1) * kw], &mut codes);
+    xs: &[f32],
+) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: Codes/Dense exist only for a tier the CPU runs (see `rows_tile`); the kernels
+    // assert their slices cover the rows.
+    unsafe {
+        use Simd::*;
+        match (kernel, dense) {
+            (Kernel::Dense { f16: false, simd }, Some(d)) => {
+                let four = &d[r * w.cols..(r + 4) * w.cols];
+                let tier = if *simd == Avx512 {
+                    Isa::Avx512
+                } else {
+                    Isa::Avx2
+                };
+                return match (
+                    row_kernels::Avx512::for_tier(tier),
+                    row_kernels::Avx2::for_tier(tier),
+                ) {
+                    (Some(k), _) => k.dot_rows::<4>(four, w.cols, x),
+                    (_, Some(k)) => k.dot_rows::<4>(four, w.cols, x),
+                    _ => row_kernels::Portable.dot_rows::<4>(four, w.cols, x),
+                };
             }
-            sgemm(
-                batch,
-                kw,
-                tr,
-                1.0,
-                &x[k0..],
-                Strides::row_major(cols),
-                &tile[..tr * kw],
-                Strides::transposed(kw),
-                if k0 == 0 { 0.0 } else { 1.0 },
-                &mut c,
-                tr,
-            );
-        }
-        for b in 0..batch {
-            out[b * mr + t0..b * mr + t0 + tr].copy_from_slice(&c[b * tr..(b + 1) * tr]);
+            (Kernel::Codes(plan, Avx512), _) => {
+                return avx512::gemv::rows_dot::<4>(plan, rows, w.cols / plan.values, xs)
+            }
+            (Kernel::Codes(plan, Avx2), _) => {
+                return avx2::gemv::rows_dot::<4>(plan, rows, w.cols / plan.values, xs)
+            }
+            (
+                Kernel::Dense {
+                    f16: true,
+                    simd: Avx512,
+                },
+                _,
+            ) => return avx512::gemv::f16_rows_dot::<4>(rows, x),
+            (
+                Kernel::Dense {
+                    f16: true,
+                    simd: Avx2,
+                },
+                _,
+            ) => return avx2::gemv::f16_rows_dot::<4>(rows, x),
+            _ => {}
         }
     }
+    let mut scratch = (vec![], vec![]);
+    std::array::from_fn(|j| portable::row_dot(w, r + j, x, &mut scratch))
+}
+
+fn gemv_q8(w: &QuantMatrix, plan: &BlockPlan, act: &Q8Activation, y: &mut [f32], isa: Isa) {
+    let nblocks = w.cols / plan.values;
+    let vnni = isa.has_avx512_vnni();
+    let rb = w.format.row_bytes(w.cols);
+    let data = w.bytes();
+    team::for_each_chunk_mut(y, TASK_ROWS, |t, out| {
+        let r0 = t * TASK_ROWS;
+        let mut i = 0;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supports()` checked the format; the tier was allowed by `Isa::require` /
+        // `Isa::active`, so the CPU has its features; the kernels assert that rows and
+        // activation cover the blocks.
+        unsafe {
+            while i + Q8_ROWS <= out.len() && isa.has_avx2() {
+                let r = r0 + i;
+                let rows: [&[u8]; Q8_ROWS] =
+                    std::array::from_fn(|j| &data[(r + j) * rb..(r + j + 1) * rb]);
+                let got = if vnni {
+                    avx512::q8act::rows_dot_q8::<Q8_ROWS>(plan, rows, nblocks, act)
+                } else {
+                    avx2::q8act::rows_dot_q8::<Q8_ROWS>(plan, rows, nblocks, act)
+                };
+                out[i..i + Q8_ROWS].copy_from_slice(&got);
+                i += Q8_ROWS;
+            }
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(i) {
+            *o = portable::rows_dot_q8(plan, w.row(r0 + j), nblocks, act);
+        }
+    });
 }

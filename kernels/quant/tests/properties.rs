@@ -1,7 +1,8 @@
 //! Property tests of the quant family: round-trip error within half a stored step for every
 //! width and group size, codes that never leave their range, all-zero and huge-outlier groups
-//! without NaN, and every product variant (fused in-register, fused portable, dequant-GEMM,
-//! unfused) equal to the f64 reference of the dequantised weights on NaN-poisoned outputs.
+//! without NaN, and every product variant (fused and int8-activation at every ISA tier this
+//! machine runs — avx512, avx2, portable; the others named as skipped — dequant-GEMM, faer)
+//! equal to the f64 reference of the dequantised weights on NaN-poisoned outputs.
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
@@ -11,6 +12,7 @@ use quant_kernels::{
     activation_as_seen, matmul, reference, Isa, MatVecVariant, QuantMatrix, ScaleType, WeightDist,
     WeightFormat,
 };
+use std::sync::OnceLock;
 
 fn group_format(asym: bool, bits: u8, group: usize, s32: bool) -> WeightFormat {
     let scale = if s32 { ScaleType::F32 } else { ScaleType::F16 };
@@ -21,17 +23,27 @@ fn group_format(asym: bool, bits: u8, group: usize, s32: bool) -> WeightFormat {
     }
 }
 
-const VARIANTS: [MatVecVariant; 5] = [
-    MatVecVariant::Fused(Isa::Auto),
-    MatVecVariant::Fused(Isa::Portable),
-    MatVecVariant::Dequant,
-    MatVecVariant::Faer,
-    MatVecVariant::FusedQ8,
-];
+/// Every variant at every tier this process runs (`isa::runnable` names the skipped ones).
+fn variants() -> &'static [MatVecVariant] {
+    static ALL: OnceLock<Vec<MatVecVariant>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut v = vec![
+            MatVecVariant::Fused(None),
+            MatVecVariant::FusedQ8(None),
+            MatVecVariant::Dequant,
+            MatVecVariant::Faer,
+        ];
+        for isa in kernel_cpu::isa::runnable() {
+            v.push(MatVecVariant::Fused(Some(isa)));
+            v.push(MatVecVariant::FusedQ8(Some(isa)));
+        }
+        v
+    })
+}
 
 fn check_products(m: &QuantMatrix, batch: usize, seed: u64) {
     let x = normal_f32(&mut rng(seed), batch * m.cols, 1.0);
-    for v in VARIANTS {
+    for &v in variants() {
         if quant_kernels::supports(v, m.format).is_err() {
             continue;
         }
@@ -169,8 +181,13 @@ fn bad_calls_are_errors() {
     assert!(e.to_string().contains("faer multiplies f32 weights"), "{e}");
     let sym3 =
         QuantMatrix::quantize(WeightFormat::parse("sym3g32").unwrap(), 2, 32, &[0.5; 64]).unwrap();
-    let e = matmul(&sym3, &[1.0; 32], 1, &mut y, MatVecVariant::FusedQ8).unwrap_err();
+    let e = matmul(&sym3, &[1.0; 32], 1, &mut y, MatVecVariant::FusedQ8(None)).unwrap_err();
     assert!(e.to_string().contains("act=q8"), "{e}");
+    // A tier this CPU lacks is refused by name, never silently narrowed.
+    for isa in Isa::ALL.into_iter().filter(|i| !i.supported()) {
+        let e = matmul(&m, &[1.0; 32], 1, &mut y, MatVecVariant::Fused(Some(isa))).unwrap_err();
+        assert!(e.to_string().contains("lacks"), "{e}");
+    }
     assert!(
         QuantMatrix::quantize(WeightFormat::parse("sym4g30").unwrap(), 1, 32, &[0.0; 32]).is_err()
     );

@@ -9,8 +9,8 @@
 //! reference computes the same in f64, materialising the scores.
 
 use crate::tree::DraftTree;
-use kernel_common::simd::{axpy_plain, dot_plain};
 use kernel_common::{error::Result, Buffer, KernelError};
+use kernel_cpu::simd::{axpy_plain, dot_plain};
 use paged_kernels::KvPool;
 use rayon::prelude::*;
 

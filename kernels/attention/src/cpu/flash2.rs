@@ -8,7 +8,8 @@ use super::gemm::{sgemm_with, widen, GemmBackend, Strides};
 use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
 use crate::{ContiguousAttention, PreparedAttention};
 use kernel_common::error::Result;
-use kernel_common::{simd, Buffer, Cost, DType, Device, Element, KernelError};
+use kernel_common::{Buffer, Cost, DType, Device, Element, KernelError};
+use kernel_cpu::simd;
 use rayon::prelude::*;
 
 /// Default query-tile rows.
@@ -149,7 +150,7 @@ fn q_tile_avx2<T: Element>(
 impl Flash2 {
     fn run<T: Element>(&self, shape: &AttentionShape, q: &[T], k: &[T], v: &[T], out: &mut [T]) {
         let (lq, lk, d) = (shape.q_len, shape.kv_len, shape.head_dim);
-        let avx2 = simd::avx2_fma_available();
+        let avx2 = kernel_cpu::Isa::active().has_avx2();
         out.par_chunks_mut(lq * d)
             .enumerate()
             .for_each(|(bh, o_head)| {
@@ -165,7 +166,7 @@ impl Flash2 {
                         let qt = &q_head[i0 * d..i0 * d + o.len()];
                         #[cfg(target_arch = "x86_64")]
                         if avx2 {
-                            // SAFETY: AVX2 and FMA were detected on this CPU.
+                            // SAFETY: the active ISA includes AVX2 and FMA, so this CPU has them.
                             return unsafe { q_tile_avx2(shape, *self, i0, qt, kh, vh, o) };
                         }
                         let _ = avx2;

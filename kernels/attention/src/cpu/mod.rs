@@ -4,7 +4,7 @@
 /// FlashAttention-2 tiling with online softmax.
 pub mod flash2;
 /// Small dense products on f32 tiles and dtype widening (shared with other families; lives in
-/// kernel-common).
-pub use kernel_common::gemm;
+/// kernel-cpu).
+pub use kernel_cpu::gemm;
 /// Standard attention with the score matrix materialised per head.
 pub mod naive;

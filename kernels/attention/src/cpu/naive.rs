@@ -6,7 +6,8 @@ use super::gemm::{sgemm, widen, Strides};
 use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
 use crate::{ContiguousAttention, PreparedAttention};
 use kernel_common::error::Result;
-use kernel_common::{simd, Buffer, Cost, DType, Device, Element};
+use kernel_common::{Buffer, Cost, DType, Device, Element};
+use kernel_cpu::simd;
 use rayon::prelude::*;
 
 /// The naive variant.
@@ -72,7 +73,7 @@ fn head_avx2<T: Element>(shape: &AttentionShape, q: &[T], k: &[T], v: &[T], out:
 
 fn run<T: Element>(shape: &AttentionShape, q: &[T], k: &[T], v: &[T], out: &mut [T]) {
     let (lq, lk, d) = (shape.q_len, shape.kv_len, shape.head_dim);
-    let avx2 = simd::avx2_fma_available();
+    let avx2 = kernel_cpu::Isa::active().has_avx2();
     out.par_chunks_mut(lq * d).enumerate().for_each(|(bh, o)| {
         let (b, h) = (bh / shape.q_heads, bh % shape.q_heads);
         let kv = ((b * shape.kv_heads + h / shape.group()) * lk * d)..;
@@ -83,7 +84,7 @@ fn run<T: Element>(shape: &AttentionShape, q: &[T], k: &[T], v: &[T], out: &mut 
         );
         #[cfg(target_arch = "x86_64")]
         if avx2 {
-            // SAFETY: AVX2 and FMA were detected on this CPU.
+            // SAFETY: the active ISA includes AVX2 and FMA, so this CPU has them.
             return unsafe { head_avx2(shape, qh, kh, vh, o) };
         }
         let _ = avx2;

@@ -15,92 +15,19 @@
 //! Q4_1's additive minimum m (w = d·c + m) contributes m·Σx per block; with the quantised
 //! activation that is m·d_x·Σq, and d_x·Σq is computed once per 32-value chunk with the
 //! activation (`Q8Activation::sum`), so each row adds one scalar product per block.
-//!
-//! The product is exact for the quantised activation: the result equals the f64 product of the
-//! dequantised weights with `activation_as_seen(x)` within f32 rounding, and its distance from
-//! the product with x itself is the activation quantisation error, reported separately.
+//! The activation is `crate::act_q8::Q8Activation`.
 
 #[cfg(target_arch = "x86_64")]
-use super::Affine;
-use super::{BlockPlan, Header};
+use crate::act_q8::Q8Activation;
+#[cfg(target_arch = "x86_64")]
+use crate::plan::{Affine, BlockPlan, Header};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
-
-/// Whether this CPU runs the kernel (AVX-512 F/BW/VL with VNNI, F16C, FMA).
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::available()
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether `plan`'s format fits: 4-bit or 8-bit codes in groups of whole 32-value chunks
-/// (Q4_1's minimum included).
-pub fn supports(plan: &BlockPlan) -> bool {
-    matches!(plan.bits, 4 | 8) && plan.values.is_multiple_of(32)
-}
-
-/// An activation quantised per 32 values: codes in the order the weights' codes come in.
-#[derive(Debug, Clone)]
-pub struct Q8Activation {
-    /// int8 codes, permuted within each 32-value chunk like `BlockPlan::permute_activation`.
-    pub q: Vec<i8>,
-    /// Scale of each 32-value chunk.
-    pub d: Vec<f32>,
-    /// d · Σq of each 32-value chunk: the chunk's sum as the kernel sees it.
-    pub sum: Vec<f32>,
-}
-
-/// Quantises `x` (a multiple of 32 long) for `plan`.
-pub fn quantize_activation(plan: &BlockPlan, x: &[f32]) -> Q8Activation {
-    let mut q = Vec::with_capacity(x.len());
-    let mut d = vec![];
-    let mut sum = vec![];
-    for chunk in x.chunks(32) {
-        let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let codes: Vec<i8> = chunk.iter().map(|&v| (v * inv).round() as i8).collect();
-        d.push(scale);
-        sum.push(scale * codes.iter().map(|&c| c as i32).sum::<i32>() as f32);
-        q.extend(codes);
-    }
-    // 4-bit codes arrive as 16 low nibbles then 16 high nibbles per 32 values.
-    let order = plan.permute_activation(&(0..x.len()).map(|i| i as f32).collect::<Vec<_>>());
-    let q = if plan.bits == 4 {
-        order.iter().map(|&i| q[i as usize]).collect()
-    } else {
-        q
-    };
-    Q8Activation { q, d, sum }
-}
-
-/// What the kernel multiplies instead of x: d·q per value, in natural order.
-pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for chunk in x.chunks(32) {
-        let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        out.extend(
-            chunk
-                .iter()
-                .map(|&v| ((v * inv).round() as i8) as f32 * scale),
-        );
-    }
-    out
-}
 
 /// y_r for R rows against one quantised activation.
 ///
 /// # Safety
-/// `available()` must hold and `supports(plan)`; rows hold `nblocks` blocks of the plan and the
+/// The CPU must have AVX-512 F/BW/VL and VNNI (`Isa::has_avx512_vnni`), `supports(plan)`; rows hold `nblocks` blocks of the plan and the
 /// activation covers them.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn rows_dot_q8<const R: usize>(
@@ -109,13 +36,13 @@ pub unsafe fn rows_dot_q8<const R: usize>(
     nblocks: usize,
     act: &Q8Activation,
 ) -> [f32; R] {
-    assert!(act.q.len() >= nblocks * plan.values);
+    assert!(R <= 8 && act.q.len() >= nblocks * plan.values);
     for r in rows {
         assert!(r.len() >= nblocks * plan.bytes);
     }
     let ptrs = rows.map(|r| r.as_ptr());
-    use super::{ScaleMinF16, ScaleOnly, ScaleZeroByte};
     use crate::format::ScaleType;
+    use crate::plan::{ScaleMinF16, ScaleOnly, ScaleZeroByte};
     macro_rules! go {
         ($h:ty) => {
             match (plan.bits, plan.signed8) {
@@ -152,61 +79,77 @@ unsafe fn impl_q8<
     let (values, bytes, header) = (plan.values, plan.bytes, plan.header_bytes);
     let chunk_bytes = if BITS == 4 { 16 } else { 32 };
     let nib = _mm256_set1_epi8(0x0F);
+    // Low nibbles in the low 128-bit half, high nibbles in the high half, from one broadcast
+    // load (no cross-lane shuffle).
+    let nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     let flip = _mm256_set1_epi8(-128);
+    let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
-    // Σ m·(d_x·Σq) per row, for Q4_1's minimum.
-    let mut acc_min = [0.0f32; R];
+    // Σ m·(d_x·Σq), lane r for row r (Q4_1's minimum).
+    let mut acc_min = _mm256_setzero_ps();
     let ahead = R * nblocks * bytes;
+    // The offset is the same for every row unless the format has zero points: then its dot
+    // with the activation is taken once per chunk for all rows.
+    let shared_offset = !H::HAS_B || MIN;
+    let base_offset = plan.offset as i32 + if SIGNED { 128 } else { 0 };
     for blk in 0..nblocks {
-        let mut scale = [0.0f32; R];
-        let mut min = [0.0f32; R];
+        let mut heads = [std::ptr::null::<u8>(); R];
         let mut offset = [_mm256_setzero_si256(); R];
         for r in 0..R {
-            let p = rows[r].add(blk * bytes);
+            heads[r] = rows[r].add(blk * bytes);
             _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(ahead + blk * bytes) as *const i8);
-            (scale[r], min[r]) = H::affine(p);
-            // Signed Q8_0 codes are flipped to unsigned (c + 128) below.
-            let off = plan.offset as i32 + H::zero(p) + if SIGNED { 128 } else { 0 };
-            offset[r] = _mm256_set1_epi8(off as u8 as i8);
+            if !shared_offset {
+                // Signed Q8_0 codes are flipped to unsigned (c + 128) below.
+                let off = base_offset + H::zero(heads[r]);
+                offset[r] = _mm256_set1_epi8(off as u8 as i8);
+            }
         }
+        let (scales, mins) = H::affine8::<R>(heads);
         for c in 0..values / 32 {
             let at = blk * values + c * 32;
             let xq = _mm256_loadu_si256(act.q.as_ptr().add(at) as *const __m256i);
             let dx = *act.d.get_unchecked(at / 32);
+            let ad = _mm256_mul_ps(scales, _mm256_set1_ps(dx));
             if MIN {
-                let sx = *act.sum.get_unchecked(at / 32);
-                for r in 0..R {
-                    acc_min[r] += min[r] * sx;
-                }
+                let sx = _mm256_set1_ps(*act.sum.get_unchecked(at / 32));
+                acc_min = _mm256_fmadd_ps(mins, sx, acc_min);
             }
+            let shared = if shared_offset && base_offset != 0 {
+                _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(base_offset as u8 as i8), xq)
+            } else {
+                zero
+            };
             for r in 0..R {
-                let p = rows[r].add(blk * bytes + header + c * chunk_bytes);
+                let p = heads[r].add(header + c * chunk_bytes);
                 let codes = if BITS == 4 {
-                    let b = _mm_loadu_si128(p as *const __m128i);
-                    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
-                    _mm256_and_si256(both, nib)
+                    let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+                    _mm256_and_si256(_mm256_srlv_epi32(b, nibble_shift), nib)
                 } else if SIGNED {
                     _mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), flip)
                 } else {
                     _mm256_loadu_si256(p as *const __m256i)
                 };
-                let zero = _mm256_setzero_si256();
-                let dot = _mm256_sub_epi32(
-                    _mm256_dpbusd_epi32(zero, codes, xq),
-                    _mm256_dpbusd_epi32(zero, offset[r], xq),
-                );
-                let ad = _mm256_set1_ps(scale[r] * dx);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), ad, acc[r]);
+                let off = if shared_offset {
+                    shared
+                } else {
+                    _mm256_dpbusd_epi32(zero, offset[r], xq)
+                };
+                let dot = _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, codes, xq), off);
+                // Lane r of a·d_x to every lane (one shuffle).
+                let scale = _mm256_permutevar8x32_ps(ad, _mm256_set1_epi32(r as i32));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
             }
         }
     }
+    let mut mins = [0.0f32; 8];
+    _mm256_storeu_ps(mins.as_mut_ptr(), acc_min);
     let mut out = [0.0f32; R];
     for r in 0..R {
         let v = acc[r];
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        out[r] = _mm_cvtss_f32(s) + acc_min[r];
+        out[r] = _mm_cvtss_f32(s) + mins[r];
     }
     out
 }

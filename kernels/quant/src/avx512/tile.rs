@@ -9,14 +9,16 @@
 //! Q4_0 10.6 ms; see the quant_tradeoff notes in README for the numbers after).
 
 #[cfg(target_arch = "x86_64")]
-use super::{codes, widen, Affine, BlockPlan};
+use super::{codes, widen};
+#[cfg(target_arch = "x86_64")]
+use crate::plan::{Affine, BlockPlan};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// out[r][b] = Σ_k w_rk·x_bk; every `xs[b]` is `plan.permute_activation` of activation b.
 ///
 /// # Safety
-/// The CPU must have AVX-512F/BW, F16C and FMA (`super::available()`).
+/// The CPU must have AVX-512F/BW, F16C and FMA (`Isa::has_avx512`).
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn rows_tile<const R: usize, const B: usize>(
     plan: &BlockPlan,
@@ -32,7 +34,7 @@ pub unsafe fn rows_tile<const R: usize, const B: usize>(
     }
     let ptrs = rows.map(|r| r.as_ptr());
     let xp = xs.map(|x| x.as_ptr());
-    super::dispatch!(plan, rows_tile_impl, [R, B], plan, ptrs, nblocks, xp)
+    crate::plan::dispatch!(plan, rows_tile_impl, [R, B], plan, ptrs, nblocks, xp)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -1,24 +1,11 @@
 //! Vectorisable f32 primitives — dot, axpy, scale, max, exp — written over fixed-width lane
 //! arrays so LLVM emits packed FMAs when they are inlined into a function compiled with
-//! `#[target_feature(enable = "avx2,fma")]`. Kernels pick that version at run time with
-//! `avx2_fma_available()` (no build flag, so the binary still runs on any x86-64 or ARM CPU).
-//! The row-blocked products of decode attention live in `rows` with explicit AVX2 intrinsics.
+//! `#[target_feature(enable = "avx2,fma")]`. Kernels pick that version at run time when
+//! `Isa::active()` allows AVX2 (no build flag, so the binary still runs on any x86-64 or ARM
+//! CPU). The row-blocked products of decode attention live in `rows` with explicit intrinsics.
 
 /// Lanes per accumulator block: two AVX2 registers of 8 f32.
 pub const LANES: usize = 16;
-
-/// Whether this CPU has AVX2 and FMA (checked once by std, then a cached load).
-#[inline]
-pub fn avx2_fma_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// Asks the CPU to bring every cache line of `x` into L2 (a hint; no effect elsewhere
 /// than x86-64). Used to fetch the next paged block while the current one is computed on.

@@ -3,7 +3,7 @@
 //! faer project (AVX-512 micro-kernels where the CPU has them) — and widening of f16/bf16
 //! storage into f32 scratch: the building blocks the attention and quantisation kernels share.
 
-use crate::Element;
+use kernel_common::Element;
 
 /// Row/column strides of a matrix view in elements.
 #[derive(Debug, Clone, Copy)]

@@ -76,9 +76,17 @@ pub struct Avx2 {
 }
 
 impl Avx2 {
-    /// The token, when this CPU has AVX2 and FMA.
+    /// The token, when the active ISA (`Isa::active()`: the CPU, the cap, this thread's
+    /// choice) includes AVX2 + FMA.
     pub fn detect() -> Option<Avx2> {
-        crate::simd::avx2_fma_available().then_some(Avx2 { _detected: () })
+        Avx2::for_tier(crate::Isa::active())
+    }
+
+    /// The token for a tier already resolved (on the calling thread, before work is forked to
+    /// rayon workers, where this thread's `with_isa` choice does not reach): when `isa`
+    /// includes AVX2 and this CPU has it.
+    pub fn for_tier(isa: crate::Isa) -> Option<Avx2> {
+        (isa.has_avx2() && crate::Isa::Avx2.supported()).then_some(Avx2 { _detected: () })
     }
 }
 
@@ -89,13 +97,14 @@ pub struct Avx512 {
 }
 
 impl Avx512 {
-    /// The token, when this CPU has AVX-512F (and AVX2/FMA for the scalar tails).
+    /// The token, when the active ISA includes AVX-512 (and so AVX2/FMA for the tails).
     pub fn detect() -> Option<Avx512> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") && crate::simd::avx2_fma_available() {
-            return Some(Avx512 { _detected: () });
-        }
-        None
+        Avx512::for_tier(crate::Isa::active())
+    }
+
+    /// The token for a tier already resolved (see `Avx2::for_tier`).
+    pub fn for_tier(isa: crate::Isa) -> Option<Avx512> {
+        (isa.has_avx512() && crate::Isa::Avx512.supported()).then_some(Avx512 { _detected: () })
     }
 }
 
@@ -362,14 +371,18 @@ mod tests {
     }
 
     #[test]
-    fn portable_and_avx2_match_loops() {
+    fn every_isa_matches_loops() {
         check(Portable);
-        if let Some(a) = Avx2::detect() {
-            check(a);
-        }
-        if let Some(a) = Avx512::detect() {
-            check(a);
-        }
+        crate::isa::for_each_available(|isa| {
+            if isa.has_avx512() {
+                check(Avx512::detect().expect("the avx512 tier is active"));
+            } else if isa.has_avx2() {
+                assert!(Avx512::detect().is_none());
+                check(Avx2::detect().expect("the avx2 tier is active"));
+            } else {
+                assert!(Avx2::detect().is_none());
+            }
+        });
     }
 
     #[test]

@@ -1,0 +1,194 @@
+//! The int8 activation of llama.cpp's CPU path for quantised weights (its `quantize_row_q8_0`
+//! / `q8_1`): the activation is quantised per 32 values to int8 with an f32 scale
+//! (d = max|x| / 127, q = round(x / d), as Q8_0), its codes permuted into the order the weight
+//! codes are met in, with d·Σq per chunk for Q4_1's minimum. The integer dot products against
+//! it are per ISA: `avx512::q8act` (VNNI `vpdpbusd`), `avx2::q8act` (`vpmaddubsw` +
+//! `vpmaddwd`, llama.cpp's AVX2 path) and `portable::rows_dot_q8` (integer loops).
+//!
+//! The product is exact for the quantised activation: the result equals the f64 product of the
+//! dequantised weights with `activation_as_seen(x)` within f32 rounding, and its distance from
+//! the product with x itself is the activation quantisation error, reported separately.
+
+use crate::plan::BlockPlan;
+
+/// Whether `plan`'s format fits: 4-bit or 8-bit codes in groups of whole 32-value chunks
+/// (Q4_1's minimum included).
+pub fn supports(plan: &BlockPlan) -> bool {
+    matches!(plan.bits, 4 | 8) && plan.values.is_multiple_of(32)
+}
+
+/// An activation quantised per 32 values: codes in the order the weights' codes come in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Q8Activation {
+    /// int8 codes, permuted within each 32-value chunk like `BlockPlan::permute_activation`.
+    pub q: Vec<i8>,
+    /// Scale of each 32-value chunk.
+    pub d: Vec<f32>,
+    /// d · Σq of each 32-value chunk: the chunk's sum as the kernel sees it.
+    pub sum: Vec<f32>,
+    /// Σq of each 32-value chunk (exact; the packed kernels take a code offset off with it).
+    pub qsum: Vec<i32>,
+}
+
+/// Quantises `x` (a multiple of 32 long) for `plan`, with the active ISA's vector loops (the
+/// codes are the same on every tier: the scale is the exact max, the rounding half away from
+/// zero like `f32::round`).
+pub fn quantize_activation(plan: &BlockPlan, x: &[f32]) -> Q8Activation {
+    let chunks = x.len() / 32;
+    let mut act = Q8Activation {
+        q: vec![0; chunks * 32],
+        d: vec![0.0; chunks],
+        sum: vec![0.0; chunks],
+        qsum: vec![0; chunks],
+    };
+    // 4-bit LSB-first codes arrive as 16 low nibbles then 16 high nibbles per 32 values:
+    // position i of a chunk holds value (i mod 16)·2 + i / 16.
+    let interleaved = plan.bits == 4 && plan.interleaved;
+    let isa = kernel_cpu::Isa::active();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.has_avx512() {
+            // SAFETY: the active tier includes AVX-512 F, so this CPU has it.
+            unsafe { quantize_avx512(x, interleaved, &mut act) };
+            return act;
+        }
+        if isa.has_avx2() {
+            // SAFETY: the active tier includes AVX2 and FMA, so this CPU has them.
+            unsafe { quantize_avx2(x, interleaved, &mut act) };
+            return act;
+        }
+    }
+    let _ = isa;
+    quantize_body(x, interleaved, &mut act);
+    act
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+unsafe fn quantize_avx512(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
+    quantize_body(x, interleaved, act)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
+    quantize_body(x, interleaved, act)
+}
+
+/// Plain loops over fixed 32-value chunks (they vectorise in the wrappers above).
+#[inline(always)]
+fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
+    for (c, chunk) in x.chunks_exact(32).enumerate() {
+        let mut v = [0.0f32; 32];
+        if interleaved {
+            for (i, o) in v.iter_mut().enumerate() {
+                *o = chunk[(i % 16) * 2 + i / 16];
+            }
+        } else {
+            v.copy_from_slice(chunk);
+        }
+        let mut amax = 0.0f32;
+        for a in v {
+            amax = amax.max(a.abs());
+        }
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut q = [0i32; 32];
+        for (o, a) in q.iter_mut().zip(v) {
+            let y = a * inv;
+            // f32::round (half away from zero) without a libm call: trunc, then one step away
+            // from zero when the dropped part is at least one half.
+            let t = y.trunc();
+            let up = if (y - t).abs() >= 0.5 {
+                1.0f32.copysign(y)
+            } else {
+                0.0
+            };
+            *o = (t + up) as i32;
+        }
+        let out = &mut act.q[c * 32..(c + 1) * 32];
+        let mut total = 0i32;
+        for (o, v) in out.iter_mut().zip(q) {
+            *o = v as i8;
+            total += v;
+        }
+        act.d[c] = scale;
+        act.sum[c] = scale * total as f32;
+        act.qsum[c] = total;
+    }
+}
+
+/// What the kernel multiplies instead of x: d·q per value, in natural order.
+pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for chunk in x.chunks(32) {
+        let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        out.extend(
+            chunk
+                .iter()
+                .map(|&v| ((v * inv).round() as i8) as f32 * scale),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::WeightFormat;
+
+    /// The scalar definition: max|x| / 127, `f32::round`.
+    fn plain(x: &[f32], order: impl Fn(usize) -> usize) -> Q8Activation {
+        let mut a = Q8Activation {
+            q: vec![],
+            d: vec![],
+            sum: vec![],
+            qsum: vec![],
+        };
+        for chunk in x.chunks(32) {
+            let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let q: Vec<i8> = (0..32)
+                .map(|i| (chunk[order(i)] * inv).round() as i8)
+                .collect();
+            let total: i32 = q.iter().map(|&c| c as i32).sum();
+            a.q.extend(q);
+            a.d.push(scale);
+            a.sum.push(scale * total as f32);
+            a.qsum.push(total);
+        }
+        a
+    }
+
+    #[test]
+    fn every_tier_quantises_like_the_scalar_definition() {
+        // Halves (x·inv exactly k + 0.5), zeros, negative zero, huge and tiny values.
+        let mut x: Vec<f32> = (0..32 * 9)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37)
+            .collect();
+        x[..32].fill(0.0);
+        x[32] = 127.0;
+        for i in 1..32 {
+            x[32 + i] = (i as f32 - 16.0) + 0.5;
+        }
+        x[64] = -0.0;
+        x[65] = 3e38;
+        x[96..128].fill(1e-30);
+        for f in ["q4_1", "sym4g32", "q8_0"] {
+            let plan = BlockPlan::for_format(WeightFormat::parse(f).unwrap()).unwrap();
+            let want = if plan.bits == 4 && plan.interleaved {
+                plain(&x, |i| (i % 16) * 2 + i / 16)
+            } else {
+                plain(&x, |i| i)
+            };
+            for isa in kernel_cpu::isa::runnable() {
+                let got =
+                    kernel_cpu::isa::with_isa(isa, || quantize_activation(&plan, &x)).unwrap();
+                assert_eq!(got, want, "{f} at {isa}");
+            }
+        }
+    }
+}

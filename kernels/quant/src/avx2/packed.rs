@@ -1,0 +1,143 @@
+//! The packed-tile kernel on AVX2 (see `crate::packed` for the layout): a 16-row tile is two
+//! halves of 8 rows, one row per 32-bit lane. Per block and half, each k-step's four
+//! activation bytes are broadcast (`vpbroadcastd`, a load) and multiplied with the half's codes
+//! by `vpmaddubsw`; Q4 steps accumulate in i16 (bounded, see the module doc of `packed`), one
+//! `vpmaddwd` by ones widens the 8 sums, one convert and one FMA with the 8 rows' d·d_x apply
+//! the scales. Q8_0's signed codes go through the sign trick (|c| × q with c's sign) and widen
+//! every step, since two steps could overflow i16.
+
+#[cfg(target_arch = "x86_64")]
+use crate::act_q8::Q8Activation;
+#[cfg(target_arch = "x86_64")]
+use crate::format::WeightFormat;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// out[b][r] = row r of the tile whose `nblocks` tile-blocks have their codes at `codes` and
+/// their scales at `scales` (`crate::packed`) · activation b.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `nblocks` tile-blocks of
+/// `format` (q4_0, q4_1 or q8_0).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn tile_dot<const B: usize>(
+    format: WeightFormat,
+    codes: *const u8,
+    scales: *const u8,
+    nblocks: usize,
+    acts: [&Q8Activation; B],
+) -> [[f32; 16]; B] {
+    for a in acts {
+        assert!(a.q.len() >= nblocks * 32 && a.qsum.len() >= nblocks);
+    }
+    match format {
+        WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, nblocks, acts),
+        WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, nblocks, acts),
+        _ => tile_q8::<B>(codes, scales, nblocks, acts),
+    }
+}
+
+/// Four activation bytes (k-step `s` of block `k`) in every 32-bit lane.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn step(act: &Q8Activation, k: usize, s: usize) -> __m256i {
+    _mm256_set1_epi32((act.q.as_ptr().add(32 * k + 4 * s) as *const i32).read_unaligned())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // k / h index register arrays in step with the loads
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4<const MIN: bool, const B: usize>(
+    codes: *const u8,
+    scales: *const u8,
+    nblocks: usize,
+    acts: [&Q8Activation; B],
+) -> [[f32; 16]; B] {
+    let sb = if MIN { 64 } else { 32 };
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; B];
+    for k in 0..nblocks {
+        let (blk, sc) = (codes.add(k * 256), scales.add(k * sb));
+        for h in 0..2 {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
+            let m = if MIN {
+                _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for b in 0..B {
+                let act = acts[b];
+                let mut sum16 = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let bytes = _mm256_loadu_si256(blk.add(64 * j + 32 * h) as *const __m256i);
+                    let lo = _mm256_and_si256(bytes, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
+                    sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(lo, step(act, k, 2 * j)));
+                    sum16 =
+                        _mm256_add_epi16(sum16, _mm256_maddubs_epi16(hi, step(act, k, 2 * j + 1)));
+                }
+                let mut dot = _mm256_madd_epi16(sum16, ones);
+                if !MIN {
+                    // Q4_0: Σ(c − 8)·q = Σc·q − 8·Σq.
+                    let off = _mm256_set1_epi32(8 * *act.qsum.get_unchecked(k));
+                    dot = _mm256_sub_epi32(dot, off);
+                }
+                let dx = _mm256_set1_ps(*act.d.get_unchecked(k));
+                acc[b][h] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b][h]);
+                if MIN {
+                    let sx = _mm256_set1_ps(*act.sum.get_unchecked(k));
+                    acc[b][h] = _mm256_fmadd_ps(m, sx, acc[b][h]);
+                }
+            }
+        }
+    }
+    store(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // k / h index register arrays in step with the loads
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q8<const B: usize>(
+    codes: *const u8,
+    scales: *const u8,
+    nblocks: usize,
+    acts: [&Q8Activation; B],
+) -> [[f32; 16]; B] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; B];
+    for k in 0..nblocks {
+        let (blk, sc) = (codes.add(k * 512), scales.add(k * 32));
+
+        for h in 0..2 {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
+            for b in 0..B {
+                let act = acts[b];
+                let mut dot = _mm256_setzero_si256();
+                for s in 0..8 {
+                    let c = _mm256_loadu_si256(blk.add(64 * s + 32 * h) as *const __m256i);
+                    let q = step(act, k, s);
+                    let pairs =
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q, c));
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+                }
+                let dx = _mm256_set1_ps(*act.d.get_unchecked(k));
+                acc[b][h] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b][h]);
+            }
+        }
+    }
+    store(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store<const B: usize>(acc: [[__m256; 2]; B]) -> [[f32; 16]; B] {
+    let mut out = [[0.0f32; 16]; B];
+    for b in 0..B {
+        _mm256_storeu_ps(out[b].as_mut_ptr(), acc[b][0]);
+        _mm256_storeu_ps(out[b].as_mut_ptr().add(8), acc[b][1]);
+    }
+    out
+}

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Decode (tg128) and prefill (pp512) of one GGUF model: `harness generate` beside llama.cpp's
+`llama-bench`, same file, same threads, in alternating rounds so host noise hits both sides.
+
+Writes results/decode_vs_llamacpp/<run-id>.json (every sample, both programs' versions, the
+machine, the commit and whether it was dirty) and <run-id>.md (ranges, medians, per-round
+ratios). Until the peers protocol exists (issue 15) this is how the speed targets of the ISA
+issue are measured; llama-bench is built by hand (see README, "CPU instruction sets").
+
+  scripts/decode_vs_llamacpp.py --llama-bench avx512=/path/build-native/bin/llama-bench \\
+      --llama-bench avx2=/path/build-avx2/bin/llama-bench --rounds 5
+
+Each --llama-bench ISA=PATH pairs a llama.cpp build with the --isa our side runs at (build
+llama.cpp for avx2 with -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+-DGGML_AVX512=OFF, so both sides use the same instructions).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} exited {out.returncode}: {out.stderr.strip()[-400:]}")
+    return out.stdout
+
+
+def llama_bench(path, model, threads, test):
+    args = [path, "-m", model, "-t", str(threads), "-r", "1", "-o", "json"]
+    args += ["-p", "0", "-n", "128"] if test == "tg128" else ["-p", "512", "-n", "0"]
+    rows = json.loads(run(args))
+    return rows[0]["avg_ts"], rows[0]
+
+
+def ours(harness, model, threads, isa, matmul, test, prompt_ids):
+    args = [harness, "--isa", isa, "generate", "--model", model, "--threads", str(threads),
+            "--matmul", matmul, "--format", "json", "--ignore-eos"]
+    if test == "tg128":
+        args += ["--prompt", "The capital of France is", "--max-new-tokens", "128"]
+        v = json.loads(run(args))
+        return 1e3 / v["tpot_ms"], v
+    args += ["--prompt-ids", ",".join(map(str, prompt_ids)), "--max-new-tokens", "1"]
+    v = json.loads(run(args))
+    return len(prompt_ids) / (v["ttft_ms"] / 1e3), v
+
+
+def git(*a):
+    try:
+        return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=os.path.join(ROOT, "models/cache/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    p.add_argument("--harness", default=os.path.join(ROOT, "target/release/harness"))
+    p.add_argument("--llama-bench", action="append", required=True, metavar="ISA=PATH")
+    p.add_argument("--matmul", default="packed,fused:act=q8,fused")
+    p.add_argument("--tests", default="tg128,pp512")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--results-dir", default=os.path.join(ROOT, "results"))
+    a = p.parse_args()
+    builds = dict(x.split("=", 1) for x in a.llama_bench)
+    for isa, path in builds.items():
+        if isa not in ("avx512", "avx2", "portable") or not os.access(path, os.X_OK):
+            sys.exit(f"error: --llama-bench {isa}={path}: want avx512|avx2|portable=<executable>")
+    for f in (a.model, a.harness):
+        if not os.path.exists(f):
+            sys.exit(f"error: {f} does not exist")
+    matmuls = a.matmul.split(",")
+    tests = a.tests.split(",")
+    rng = random.Random(512)
+    prompt_ids = [rng.randrange(1000, 40000) for _ in range(512)]
+    started = datetime.datetime.now(datetime.timezone.utc)
+    run_id = started.strftime("%Y%m%dT%H%M%SZ")
+    samples = {}
+    versions = {}
+    for r in range(a.rounds):
+        for isa, path in builds.items():
+            for test in tests:
+                ts, row = llama_bench(path, a.model, a.threads, test)
+                samples.setdefault(f"{isa}|{test}|llama.cpp", []).append(ts)
+                versions[isa] = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+                for m in matmuls:
+                    ts, _ = ours(a.harness, a.model, a.threads, isa, m, test, prompt_ids)
+                    samples.setdefault(f"{isa}|{test}|{m}", []).append(ts)
+        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+    prov = {
+        "run_id": run_id,
+        "experiment": "decode_vs_llamacpp",
+        "command_line": " ".join(sys.argv),
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "cpu_model": cpu,
+        "logical_cores": os.cpu_count(),
+        "threads": a.threads,
+        "model": os.path.basename(a.model),
+        "llama_cpp": versions,
+        "started_at": started.isoformat(timespec="seconds"),
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "method": "alternating rounds: per round and ISA, llama-bench (-r 1) then each --matmul of "
+                  "harness generate; tg128 = 1000 / tpot_ms over 128 tokens after a 5-token prompt "
+                  "(llama-bench: 128 tokens from an empty cache); pp512 = 512 / ttft of a 512-token "
+                  "prompt (seeded ids) with one generated token",
+        "samples_tokens_per_s": samples,
+    }
+    out_dir = os.path.join(a.results_dir, "decode_vs_llamacpp")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, run_id + ".json"), "w") as f:
+        json.dump(prov, f, indent=1)
+    md = [f"# decode_vs_llamacpp {run_id}\n",
+          f"**Machine.** {cpu}, {a.threads} threads; git {prov['git_sha']}{' (dirty)' if prov['git_dirty'] else ''}; "
+          f"llama.cpp {', '.join(f'{k}: build {v['build_number']} ({v['build_commit']})' for k, v in versions.items())}.\n",
+          f"**Method.** {prov['method']}; {a.rounds} rounds.\n",
+          "| ISA | test | program | tokens/s (min–max) | median | × llama.cpp per round (min–max, median) |",
+          "|---|---|---|---|---|---|"]
+    for isa in builds:
+        for test in tests:
+            base = samples[f"{isa}|{test}|llama.cpp"]
+            md.append(f"| {isa} | {test} | llama.cpp | {min(base):.1f}–{max(base):.1f} | {statistics.median(base):.1f} | |")
+            for m in matmuls:
+                v = samples[f"{isa}|{test}|{m}"]
+                ratio = [x / y for x, y in zip(v, base)]
+                md.append(f"| {isa} | {test} | harness `--matmul {m}` | {min(v):.1f}–{max(v):.1f} | "
+                          f"{statistics.median(v):.1f} | {min(ratio):.2f}–{max(ratio):.2f}, {statistics.median(ratio):.2f} |")
+    with open(os.path.join(out_dir, run_id + ".md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(f"-> {os.path.join(out_dir, run_id)}.{{json,md}}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
