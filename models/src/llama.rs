@@ -724,7 +724,8 @@ pub fn attention_choice(spec: &str) -> Result<AttentionChoice> {
                 "attention '{spec}': the model's paged attention takes only split=...; the block size is --block-size"
             ))
         })?;
-        let split = SplitKv::parse(parsed.params.get("split").map_or("off", String::as_str))?;
+        // Split by default: a decode step of one sequence has only kv_heads tasks.
+        let split = SplitKv::parse(parsed.params.get("split").map_or("auto", String::as_str))?;
         return Ok(AttentionChoice::Paged(split));
     }
     match attention_kernels::kernel_from_spec(&parsed)? {

@@ -12,14 +12,13 @@ use kernel_common::{Buffer, Element, KernelError};
 use kernel_cpu::rows::{Avx2, Avx512, Portable, RowKernels};
 use kernel_cpu::simd;
 use kernel_cpu::{team, Isa};
-use rayon::prelude::*;
 
 /// Most new query tokens per sequence the decode kernel takes (speculative verification).
 pub const MAX_Q_LEN: usize = 16;
 /// Keys scored per online-softmax step.
 const CHUNK: usize = 128;
 /// Shortest partition `SplitKv::Auto` makes.
-const AUTO_MIN_PARTITION: usize = 512;
+const AUTO_MIN_PARTITION: usize = 64;
 
 /// The query side of a paged decode call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -91,7 +90,8 @@ impl PagedDecodeShape {
 pub enum SplitKv {
     /// One task per (sequence, KV head).
     Off,
-    /// About two partitions per thread for each sequence, none shorter than 512 tokens.
+    /// About two partitions per thread for each sequence, none shorter than 64 tokens (so a
+    /// decode step of one sequence with few KV heads still keeps every thread busy).
     Auto,
     /// Partitions of this many tokens.
     Tokens(usize),
@@ -345,7 +345,9 @@ fn reduce<T: Element>(parts: &[Acc], d: usize, out: &mut [T]) {
             let w = (lse(p) - top).exp();
             wsum += w;
             // The partition's normalised output o_p / l_p, weighted by w.
-            simd::axpy(w / p.l[r], &p.o[r * d..(r + 1) * d], &mut o);
+            // `axpy_plain`: this runs outside the `#[target_feature]` wrappers, where
+            // `mul_add` is a call to the software `fmaf`.
+            simd::axpy_plain(w / p.l[r], &p.o[r * d..(r + 1) * d], &mut o);
         }
         T::narrow_into(
             &o.iter().map(|x| x / wsum).collect::<Vec<_>>(),
@@ -365,9 +367,20 @@ fn decode_typed<T: Element>(
 ) {
     let d = shape.head_dim;
     let rows = shape.rows();
+    let tasks = batch.len() * shape.kv_heads;
     // Resolved here, before work is forked: a worker thread does not see this thread's choice.
     let isa = Isa::active();
-    team::for_each_chunk_mut(out, rows * d, |task, o| {
+    // Every (task, partition) is one work item of one flat parallel region, so a sequence
+    // split in partitions keeps every thread busy even when there are fewer tasks than threads
+    // (batch 1 of a 3-KV-head model on 2 threads left one idle a third of the time).
+    let items: Vec<(usize, usize, usize)> = (0..tasks)
+        .flat_map(|task| {
+            let ctx = batch.context_lens[task / shape.kv_heads];
+            let part = split.partition_tokens(ctx);
+            (0..ctx.div_ceil(part)).map(move |p| (task, p * part, ((p + 1) * part).min(ctx)))
+        })
+        .collect();
+    let item_state = |&(task, t0, t1): &(usize, usize, usize)| -> Acc {
         let (seq, kv_head) = (task / shape.kv_heads, task % shape.kv_heads);
         let ctx = batch.context_lens[seq];
         let horizon: Vec<usize> = (0..rows)
@@ -384,19 +397,26 @@ fn decode_typed<T: Element>(
         let mut qf: Vec<f32> = vec![0.0; rows * d];
         T::widen_into(&q[task * rows * d..(task + 1) * rows * d], &mut qf);
         simd::scale(shape.scale, &mut qf);
-        let part = split.partition_tokens(ctx);
-        let bounds: Vec<(usize, usize)> = (0..ctx.div_ceil(part))
-            .map(|p| (p * part, ((p + 1) * part).min(ctx)))
-            .collect();
-        let parts: Vec<Acc> = if bounds.len() == 1 {
-            vec![partition(&view, &qf, 0, ctx, isa)]
-        } else {
-            bounds
-                .par_iter()
-                .map(|&(t0, t1)| partition(&view, &qf, t0, t1, isa))
-                .collect()
-        };
-        reduce(&parts, d, o);
+        partition(&view, &qf, t0, t1, isa)
+    };
+    if items.len() == tasks {
+        // One partition per task: normalise in place, no second region.
+        team::for_each_chunk_mut(out, rows * d, |task, o| {
+            reduce(&[item_state(&items[task])], d, o)
+        });
+        return;
+    }
+    let mut states: Vec<Option<Acc>> = (0..items.len()).map(|_| None).collect();
+    team::for_each_chunk_mut(&mut states, 1, |i, s| s[0] = Some(item_state(&items[i])));
+    let states: Vec<Acc> = states
+        .into_iter()
+        .map(|s| s.expect("every item ran"))
+        .collect();
+    let first: Vec<usize> = (0..=tasks)
+        .map(|t| items.partition_point(|it| it.0 < t))
+        .collect();
+    team::for_each_chunk_mut(out, rows * d, |task, o| {
+        reduce(&states[first[task]..first[task + 1]], d, o)
     });
 }
 
@@ -448,7 +468,8 @@ mod tests {
         assert_eq!(SplitKv::Tokens(100).partition_tokens(10_000), 100);
         assert_eq!(SplitKv::Tokens(100).partition_tokens(7), 7);
         let auto = SplitKv::Auto.partition_tokens(100_000);
-        assert!((512..100_000).contains(&auto));
-        assert_eq!(SplitKv::Auto.partition_tokens(300), 300);
+        assert!((64..100_000).contains(&auto));
+        assert_eq!(SplitKv::Auto.partition_tokens(40), 40);
+        assert!((64..=300).contains(&SplitKv::Auto.partition_tokens(300)));
     }
 }

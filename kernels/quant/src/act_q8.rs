@@ -87,24 +87,23 @@ fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
         } else {
             v.copy_from_slice(chunk);
         }
+        // max |x| in 16 lanes (a `>` select, not `f32::max`, whose NaN rule kept the loop
+        // scalar); the same value as the scalar fold for finite inputs.
+        let mut lanes = [0.0f32; 16];
+        for (k, a) in v.iter().enumerate() {
+            let a = a.abs();
+            let m = &mut lanes[k % 16];
+            *m = if a > *m { a } else { *m };
+        }
         let mut amax = 0.0f32;
-        for a in v {
-            amax = amax.max(a.abs());
+        for m in lanes {
+            amax = if m > amax { m } else { amax };
         }
         let scale = amax / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let mut q = [0i32; 32];
         for (o, a) in q.iter_mut().zip(v) {
-            let y = a * inv;
-            // f32::round (half away from zero) without a libm call: trunc, then one step away
-            // from zero when the dropped part is at least one half.
-            let t = y.trunc();
-            let up = if (y - t).abs() >= 0.5 {
-                1.0f32.copysign(y)
-            } else {
-                0.0
-            };
-            *o = (t + up) as i32;
+            *o = (a * inv).round() as i32;
         }
         let out = &mut act.q[c * 32..(c + 1) * 32];
         let mut total = 0i32;
