@@ -121,9 +121,10 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, run_id + ".json"), "w") as f:
         json.dump(prov, f, indent=1)
+    builds_txt = ", ".join(f"{k}: build {v['build_number']} ({v['build_commit']})" for k, v in versions.items())
     md = [f"# decode_vs_llamacpp {run_id}\n",
           f"**Machine.** {cpu}, {a.threads} threads; git {prov['git_sha']}{' (dirty)' if prov['git_dirty'] else ''}; "
-          f"llama.cpp {', '.join(f'{k}: build {v['build_number']} ({v['build_commit']})' for k, v in versions.items())}.\n",
+          f"llama.cpp {builds_txt}.\n",
           f"**Method.** {prov['method']}; {a.rounds} rounds.\n",
           "| ISA | test | program | tokens/s (min–max) | median | × llama.cpp per round (min–max, median) |",
           "|---|---|---|---|---|---|"]
