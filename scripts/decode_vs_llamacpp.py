@@ -10,9 +10,11 @@ issue are measured; llama-bench is built by hand (see README, "CPU instruction s
   scripts/decode_vs_llamacpp.py --llama-bench avx512=/path/build-native/bin/llama-bench \\
       --llama-bench avx2=/path/build-avx2/bin/llama-bench --rounds 5
 
-Each --llama-bench ISA=PATH pairs a llama.cpp build with the --isa our side runs at (build
-llama.cpp for avx2 with -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
--DGGML_AVX512=OFF, so both sides use the same instructions).
+Each --llama-bench ISA[/LABEL]=PATH pairs a llama.cpp build with the --isa our side runs at
+(build llama.cpp for avx2 with -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+-DGGML_AVX512=OFF, so both sides use the same instructions); several builds may share an ISA
+(e.g. avx512/native=... and avx512/noamx=...). A llama-bench test that crashes is recorded as
+such (a native build's AMX prompt kernels die with SIGILL where the VM does not grant AMX).
 """
 
 import argparse
@@ -36,9 +38,13 @@ def run(cmd):
 
 
 def llama_bench(path, model, threads, test):
+    """(tokens/s, its JSON row), or (None, the failure) when llama-bench dies."""
     args = [path, "-m", model, "-t", str(threads), "-r", "1", "-o", "json"]
     args += ["-p", "0", "-n", "128"] if test == "tg128" else ["-p", "512", "-n", "0"]
-    rows = json.loads(run(args))
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        return None, {"failed": f"exit {out.returncode}", "stderr_tail": out.stderr.strip()[-300:]}
+    rows = json.loads(out.stdout)
     return rows[0]["avg_ts"], rows[0]
 
 
@@ -72,10 +78,13 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--results-dir", default=os.path.join(ROOT, "results"))
     a = p.parse_args()
-    builds = dict(x.split("=", 1) for x in a.llama_bench)
-    for isa, path in builds.items():
+    builds = {}
+    for x in a.llama_bench:
+        key, _, path = x.partition("=")
+        isa, _, label = key.partition("/")
         if isa not in ("avx512", "avx2", "portable") or not os.access(path, os.X_OK):
-            sys.exit(f"error: --llama-bench {isa}={path}: want avx512|avx2|portable=<executable>")
+            sys.exit(f"error: --llama-bench {x}: want avx512|avx2|portable[/LABEL]=<executable>")
+        builds.setdefault(isa, {})[label or isa] = path
     for f in (a.model, a.harness):
         if not os.path.exists(f):
             sys.exit(f"error: {f} does not exist")
@@ -87,12 +96,17 @@ def main():
     run_id = started.strftime("%Y%m%dT%H%M%SZ")
     samples = {}
     versions = {}
+    failures = {}
     for r in range(a.rounds):
-        for isa, path in builds.items():
+        for isa, labelled in builds.items():
             for test in tests:
-                ts, row = llama_bench(path, a.model, a.threads, test)
-                samples.setdefault(f"{isa}|{test}|llama.cpp", []).append(ts)
-                versions[isa] = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+                for label, path in labelled.items():
+                    ts, row = llama_bench(path, a.model, a.threads, test)
+                    if ts is None:
+                        failures[f"{label}|{test}"] = row
+                        continue
+                    samples.setdefault(f"{isa}|{test}|llama.cpp {label}", []).append(ts)
+                    versions[label] = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
                 for m in matmuls:
                     ts, _ = ours(a.harness, a.model, a.threads, isa, m, test, prompt_ids)
                     samples.setdefault(f"{isa}|{test}|{m}", []).append(ts)
@@ -115,6 +129,7 @@ def main():
                   "harness generate; tg128 = 1000 / tpot_ms over 128 tokens after a 5-token prompt "
                   "(llama-bench: 128 tokens from an empty cache); pp512 = 512 / ttft of a 512-token "
                   "prompt (seeded ids) with one generated token",
+        "llama_bench_failures": failures,
         "samples_tokens_per_s": samples,
     }
     out_dir = os.path.join(a.results_dir, "decode_vs_llamacpp")
@@ -126,17 +141,26 @@ def main():
           f"**Machine.** {cpu}, {a.threads} threads; git {prov['git_sha']}{' (dirty)' if prov['git_dirty'] else ''}; "
           f"llama.cpp {builds_txt}.\n",
           f"**Method.** {prov['method']}; {a.rounds} rounds.\n",
-          "| ISA | test | program | tokens/s (min–max) | median | × llama.cpp per round (min–max, median) |",
+          "| ISA | test | program | tokens/s (min–max) | median | ratio per round (min–max, median) |",
           "|---|---|---|---|---|---|"]
-    for isa in builds:
+    for isa, labelled in builds.items():
         for test in tests:
-            base = samples[f"{isa}|{test}|llama.cpp"]
-            md.append(f"| {isa} | {test} | llama.cpp | {min(base):.1f}–{max(base):.1f} | {statistics.median(base):.1f} | |")
             for m in matmuls:
                 v = samples[f"{isa}|{test}|{m}"]
-                ratio = [x / y for x, y in zip(v, base)]
                 md.append(f"| {isa} | {test} | harness `--matmul {m}` | {min(v):.1f}–{max(v):.1f} | "
-                          f"{statistics.median(v):.1f} | {min(ratio):.2f}–{max(ratio):.2f}, {statistics.median(ratio):.2f} |")
+                          f"{statistics.median(v):.1f} | |")
+            for label in labelled:
+                base = samples.get(f"{isa}|{test}|llama.cpp {label}")
+                if not base:
+                    fail = failures.get(f"{label}|{test}", {}).get("failed", "no sample")
+                    md.append(f"| {isa} | {test} | llama.cpp {label} | failed ({fail}) | | |")
+                    continue
+                md.append(f"| {isa} | {test} | llama.cpp {label} | {min(base):.1f}–{max(base):.1f} | {statistics.median(base):.1f} | |")
+                for m in matmuls:
+                    v = samples[f"{isa}|{test}|{m}"]
+                    ratio = [x / y for x, y in zip(v, base)]
+                    md.append(f"| {isa} | {test} | harness `--matmul {m}` ÷ llama.cpp {label} | | | "
+                              f"{min(ratio):.2f}–{max(ratio):.2f}, median {statistics.median(ratio):.2f} |")
     with open(os.path.join(out_dir, run_id + ".md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
