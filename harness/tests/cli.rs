@@ -788,6 +788,51 @@ fn check_writes_passing_rows() {
 }
 
 #[test]
+fn check_passes_at_every_narrower_isa() {
+    // The default run above covers the widest tier; every narrower one the CPU has runs every
+    // family's check under --isa (a tier it lacks is named, never silently skipped).
+    for isa in ["avx2", "portable"] {
+        let t = kernel_cpu::Isa::parse(isa).unwrap();
+        if !t.supported() || t >= kernel_cpu::Isa::detected() {
+            eprintln!("skipped: isa {isa} (not narrower than this CPU's widest, or absent)");
+            continue;
+        }
+        let tmp = TempDir::new(&format!("check-{isa}"));
+        let results = tmp.join("results");
+        let out = harness(&[
+            "--isa",
+            isa,
+            "check",
+            "--cases",
+            "2",
+            "--dtype",
+            "f32",
+            "--results-dir",
+            results.to_str().unwrap(),
+        ]);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "check at {isa} failed:\n{stderr}"
+        );
+        let files = files_with_ext(&results.join("check"), "csv");
+        let mut reader = csv::Reader::from_path(&files[0]).unwrap();
+        let status = column(&reader.headers().unwrap().clone(), "status");
+        let variant = column(&reader.headers().unwrap().clone(), "variant");
+        let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+        assert!(rows
+            .iter()
+            .all(|r| matches!(&r[status], "pass" | "unsupported")));
+        // The quant family checks the capped tier and below, never above it.
+        assert!(rows
+            .iter()
+            .any(|r| r[variant] == *format!("packed:isa={isa}")));
+        assert!(!rows.iter().any(|r| r[variant].contains("isa=avx512")));
+    }
+}
+
+#[test]
 fn list_names_variants_and_experiments() {
     let out = harness(&["list"]);
     let stdout = text(&out.stdout);

@@ -298,28 +298,12 @@ pub fn runnable() -> Vec<Isa> {
         .collect()
 }
 
-/// Runs `f` once per tier (widest first) under `with_isa`, and names on stderr each tier this
-/// CPU lacks or the process cap excludes (a test's skipped path is never silent). Returns the
-/// tiers that ran.
+/// Runs `f` once per tier this process can run (widest first, `runnable`) under `with_isa`;
+/// returns those tiers.
 pub fn for_each_available(mut f: impl FnMut(Isa)) -> Vec<Isa> {
-    let mut ran = vec![];
-    for isa in Isa::ALL {
-        if !isa.supported() {
-            eprintln!(
-                "skipped: isa {} (this CPU lacks {})",
-                isa.name(),
-                isa.missing().join(", ")
-            );
-        } else if isa > cap() {
-            eprintln!(
-                "skipped: isa {} (above the process cap {}, {ENV_VAR})",
-                isa.name(),
-                cap().name()
-            );
-        } else {
-            with_isa(isa, || f(isa)).expect("a supported tier");
-            ran.push(isa);
-        }
+    let ran = runnable();
+    for &isa in &ran {
+        with_isa(isa, || f(isa)).expect("a supported tier");
     }
     ran
 }
