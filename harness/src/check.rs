@@ -49,6 +49,10 @@ pub struct CheckRow {
     pub tol_max_abs: f64,
     pub seed: u64,
     pub note: String,
+    /// The CPU kernels' ISA tier of the run (`--isa`); a quant variant that names its own
+    /// (`fused:isa=avx2`) says so in `variant`.
+    #[serde(default)]
+    pub isa: String,
 }
 
 pub(crate) struct Ctx<'a> {
@@ -125,6 +129,7 @@ impl Ctx<'_> {
             tol_max_abs: tol.max_abs,
             seed,
             note,
+            isa: kernel_cpu::Isa::active().name().into(),
         };
         self.writer.write(&row)?;
         self.rows.push(row);
