@@ -129,7 +129,7 @@ impl Ctx<'_> {
             tol_max_abs: tol.max_abs,
             seed,
             note,
-            isa: kernel_cpu::Isa::active().name().into(),
+            isa: crate::machine::isa(),
         };
         self.writer.write(&row)?;
         self.rows.push(row);

@@ -271,7 +271,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         tokens_per_s: tpot.map(|t| 1.0 / t),
         generated_ids: generated,
         matmul: args.matmul.clone(),
-        isa: kernel_cpu::Isa::active().name().into(),
+        isa: crate::machine::isa(),
         spec: None,
     };
     report(args, &loaded, &out)
@@ -359,7 +359,7 @@ fn run_spec(
         tpot_ms: (decode > 0).then(|| after_first / decode as f64 * 1e3),
         tokens_per_s: (decode > 0).then(|| decode as f64 / after_first),
         matmul: args.matmul.clone(),
-        isa: kernel_cpu::Isa::active().name().into(),
+        isa: crate::machine::isa(),
         spec: Some(SpecSummary {
             drafter: d.name(),
             tree: shape.label(),

@@ -44,10 +44,8 @@ struct Team {
     parts: AtomicUsize,
     /// Workers finished with the current epoch.
     acks: AtomicUsize,
-    /// Workers that joined the team (counted in `expected` from the next job on).
+    /// Workers that joined the team (counted from the next job on: its acks to wait for).
     members: Mutex<usize>,
-    /// Acks the current job waits for.
-    expected: AtomicUsize,
     stop: AtomicBool,
     /// A task panicked on a worker.
     panicked: AtomicBool,
@@ -75,7 +73,6 @@ impl Team {
             parts: AtomicUsize::new(1),
             acks: AtomicUsize::new(0),
             members: Mutex::new(0),
-            expected: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
         }
@@ -155,9 +152,9 @@ impl Team {
 
     /// Runs `f(i)` for i < n on the leader and every member, returning when all are done.
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
-        {
+        // The workers that will ack this job: those that joined before it was published.
+        let expected = {
             let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
-            self.expected.store(*members, Ordering::Relaxed);
             self.acks.store(0, Ordering::Relaxed);
             let parts = *members + 1;
             self.parts.store(parts, Ordering::Relaxed);
@@ -178,7 +175,8 @@ impl Team {
                 };
             }
             self.epoch.fetch_add(1, Ordering::Release);
-        }
+            *members
+        };
         let job = unsafe { *self.job.get() };
         // While this thread runs tasks it does not lead: a region started inside a task
         // falls back to rayon instead of re-entering this job.
@@ -188,7 +186,6 @@ impl Team {
         if mine.is_err() {
             self.drain();
         }
-        let expected = self.expected.load(Ordering::Relaxed);
         while self.acks.load(Ordering::Acquire) < expected {
             std::hint::spin_loop();
         }

@@ -82,7 +82,7 @@ fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
         let mut v = [0.0f32; 32];
         if interleaved {
             for (i, o) in v.iter_mut().enumerate() {
-                *o = chunk[(i % 16) * 2 + i / 16];
+                *o = chunk[crate::plan::interleaved_source(i, 2)];
             }
         } else {
             v.copy_from_slice(chunk);

@@ -95,9 +95,16 @@ impl BlockPlan {
         let per_byte = 8 / self.bits as usize;
         let cv = self.chunk_values();
         x.chunks(cv)
-            .flat_map(|c| (0..cv).map(move |i| c[(i % 16) * per_byte + i / 16]))
+            .flat_map(|c| (0..cv).map(move |i| c[interleaved_source(i, per_byte)]))
             .collect()
     }
+}
+
+/// For LSB-first codes with `per_byte` codes per byte: the value of a chunk that kernel
+/// position i (vector i / 16, lane i mod 16) meets.
+#[inline(always)]
+pub(crate) const fn interleaved_source(i: usize, per_byte: usize) -> usize {
+    (i % 16) * per_byte + i / 16
 }
 
 /// Reads (a, b) of a block header inside the kernels (F16C conversion in registers).
