@@ -201,6 +201,11 @@ pub fn run(
         }),
     )?;
     crate::registry::require_variant_devices(names, opts.device)?;
+    // A variant pinned to a tier this CPU lacks or --isa excludes would skip every row.
+    for (name, v) in &variants {
+        v.isa()
+            .map_err(|e| usage(format!("--variant {name}: {e}")))?;
+    }
     let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
     let bar = progress_bar(qgrid.rows(&variants));
     let mut flusher = CacheFlusher::new();

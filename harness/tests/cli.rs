@@ -383,6 +383,23 @@ fn bad_family_and_threads_are_one_line() {
 }
 
 #[test]
+fn a_variant_pinned_above_the_isa_cap_is_one_line() {
+    let s = Setup::new("variant_above_cap");
+    s.expect_usage_error(
+        &[
+            "--isa",
+            "portable",
+            "exp",
+            "tinyq",
+            "--variant",
+            "fused:isa=avx2",
+        ],
+        "above the ISA cap",
+    );
+    s.expect_usage_error(&["exp", "tinyq", "--variant", "packed:isa=neon"], "neon");
+}
+
+#[test]
 fn bad_quant_grids_are_one_line() {
     let s = Setup::new("bad_quant");
     s.expect_usage_error(&["exp", "tinyq", "--set", "format=q5_0"], "q5_0");
