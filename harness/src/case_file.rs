@@ -1,4 +1,4 @@
-//! Case files: a safetensors file whose `__metadata__` says `family` (attention, paged, quant)
+//! Case files: a safetensors file whose `__metadata__` says `family` (attention, paged, quant, moe)
 //! and the family's parameters, and whose tensors are the inputs under fixed names, optionally
 //! with the output the researcher's own stack produced (`out`). This module reads and
 //! validates one; every defect becomes one line naming the file (exit 2).
@@ -23,16 +23,20 @@ pub struct Tensor {
 pub struct CaseFile {
     pub path: PathBuf,
     pub family: String,
+    /// What a case of this family must hold (for error messages).
+    pub needs: &'static str,
     pub meta: HashMap<String, String>,
     pub tensors: BTreeMap<String, Tensor>,
 }
 
-/// Families a case file may name and whether this workbench can replay them yet.
-pub const REPLAYABLE: &[&str] = &["attention", "paged", "quant", "moe"];
-
 impl CaseFile {
     /// Reads and parses `path`; accepts f32, f16, bf16, i32, i64 and u8 tensors.
-    pub fn load(path: &Path) -> Result<CaseFile> {
+    /// `replayable(family)` gives what a case of that family needs, or why it cannot be
+    /// replayed (the family table answers it).
+    pub fn load(
+        path: &Path,
+        replayable: impl Fn(&str) -> std::result::Result<&'static str, String>,
+    ) -> Result<CaseFile> {
         let name = path.display().to_string();
         let bad = |m: String| HarnessError::Usage(format!("case {name}: {m}"));
         let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read the file ({e})")))?;
@@ -44,12 +48,7 @@ impl CaseFile {
         let family = meta.get("family").cloned().ok_or_else(|| {
             bad("__metadata__ has no \"family\" (attention, paged, quant, moe)".into())
         })?;
-        if !REPLAYABLE.contains(&family.as_str()) {
-            return Err(bad(format!(
-                "family '{family}' cannot be replayed (replayable: {})",
-                REPLAYABLE.join(", ")
-            )));
-        }
+        let needs = replayable(&family).map_err(bad)?;
         let mut tensors = BTreeMap::new();
         for (tname, view) in st.tensors() {
             let dtype = view.dtype();
@@ -73,6 +72,7 @@ impl CaseFile {
         Ok(CaseFile {
             path: path.to_path_buf(),
             family,
+            needs,
             meta,
             tensors,
         })
@@ -90,7 +90,7 @@ impl CaseFile {
             self.error(format!(
                 "no tensor '{name}' (a {} case needs {}; the file has {})",
                 self.family,
-                needs(&self.family),
+                self.needs,
                 have.join(", ")
             ))
         })?;
@@ -194,14 +194,5 @@ pub fn float_dtype(t: &Tensor) -> Option<DType> {
         Dtype::F16 => Some(DType::F16),
         Dtype::BF16 => Some(DType::BF16),
         _ => None,
-    }
-}
-
-fn needs(family: &str) -> &'static str {
-    match family {
-        "attention" => "q, k, v ([batch, heads, len, head_dim]) and optionally out",
-        "paged" => "q, k_cache, v_cache, block_tables, context_lens and optionally out",
-        "moe" => "x [T, D], router [D, E], w_gate and w_up [E, D, F], w_down [E, F, D] (f32), optionally router_bias [E] and out",
-        _ => "x ([rows, cols] f32), optionally q (u8 packed blocks) and out, act and y",
     }
 }

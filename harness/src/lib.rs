@@ -1,56 +1,51 @@
-//! The workbench harness as a library: experiment specs, the variant registry, correctness
-//! checks, timing, the roofline, result files and reports. `main.rs` is only the CLI.
+//! The workbench harness as a library, in three layers: the shared layer (specs, rows, run
+//! files, rendering, timing, the roofline, provenance, the variant registry), the families
+//! (`families/<name>/`: each family's check, experiment runner, tables and replay, listed in
+//! one table), and the commands that dispatch through that table. `main.rs` is only the CLI.
 
+// The shared layer: imports no family and no command.
 /// Counting global allocator (peak scratch memory of a call).
 pub mod alloc;
 /// Case files (safetensors with a family and fixed tensor names) for `harness replay`.
 pub mod case_file;
-/// `harness check`: every variant against the f64 reference on random and edge cases.
-pub mod check;
-/// `check --device cuda`: the MoE kernels stage by stage and the device-built paged pool.
-pub mod check_cuda;
-/// `harness check --family moe`: router and expert variants on random layers and edge cases.
-pub mod check_moe;
-/// `harness check --family quant`: product variants on random formats and edge cases.
-pub mod check_quant;
-/// `harness check --family spec`: tree attention vs its f64 reference.
-pub mod check_spec;
+/// The jobs a family's replay preparation gives the replay command, and tensor helpers.
+pub mod case_job;
+/// What every family's check shares: options, the check row, the recording context.
+pub mod checking;
 /// The harness error type (one line, exit 2).
 pub mod error;
-/// `harness exp`: grid runner streaming rows to CSV.
-pub mod exp;
-/// `harness exp` for the decode family: decode and prefill against the bandwidth roofline.
-pub mod exp_decode;
-/// `harness exp` for the kv family: the exact KV-cache calculator.
-pub mod exp_kv;
-/// `harness exp` for the kv_alloc family: contiguous vs paged allocation, simulated.
-pub mod exp_kv_alloc;
-/// `harness exp` for the moe family: capacity × skew × k × experts.
-pub mod exp_moe;
-/// `harness exp` for the quant family: formats × shapes × weights × batch.
-pub mod exp_quant;
-/// `harness exp` for the serving family: static, dynamic and continuous batching.
-pub mod exp_serving;
-/// `harness exp` for the spec family: speculative decoding against plain decoding.
-pub mod exp_spec;
-/// `harness generate`: greedy generation with a GGUF llama checkpoint.
-pub mod generate;
+/// The `Family` record and `VariantInfo`: what a family gives the harness.
+pub mod family;
 /// Host, CPU, git and rustc facts for provenance.
 pub mod machine;
 /// Warm-up, cache flushing, repetitions and percentiles.
 pub mod measure;
-/// CSV rows and JSON provenance.
-pub mod output;
-/// Variant lookup by spec string across the family's crates.
+/// Models as experiments name them (`smollm2`, presets, paths) and speculative drafters.
+pub mod model_source;
+/// The JSON provenance beside every run's CSV.
+pub mod provenance;
+/// Variant lookup by spec string across the kernel crates, and where a variant runs.
 pub mod registry;
-/// Markdown tables and SVG plots from a run's CSV.
+/// Markdown reports and SVG plots of a run, from its CSV.
 pub mod render;
-/// `harness replay`: captured tensors against every variant.
-pub mod replay;
-/// Read bandwidth and FMA peak of this machine.
+/// Read bandwidth and FMA peak of this machine (and a GPU's).
 pub mod roofline;
-/// Experiment specs (TOML) and grid expansion.
+/// Result rows: the shared head, a family's columns, the CSV writer and reader.
+pub mod row;
+/// The toolkit of every experiment runner: request, grid values, run files, progress.
+pub mod run_files;
+/// Experiment specs (TOML): parsing, validation against a family, `--quick` and `--set`.
 pub mod spec;
+/// Where the workspace is: the default experiments/ and results/ folders.
+pub mod workspace;
+
+// Above the shared layer: one folder per family, and the table of them.
+/// The family table and one module per family.
+pub mod families;
+
+// The commands: look families up in the table.
+/// `harness check`, `exp`, `render`, `replay`, `generate`.
+pub mod commands;
 
 use error::{HarnessError, Result};
 use kernel_common::Device;

@@ -2,10 +2,11 @@
 //! stderr and exit code 2; a check or experiment with a wrong answer exits 1.
 
 use clap::{Args, Parser, Subcommand};
+use harness::checking::CheckOptions;
+use harness::commands::{check, exp, generate, replay};
 use harness::error::{HarnessError, Result};
-use harness::{
-    check, exp, generate, machine, registry, render, replay, roofline, spec::ExperimentSpec, Format,
-};
+use harness::run_files::ExpOptions;
+use harness::{families, machine, roofline, spec::ExperimentSpec, workspace, Format};
 use kernel_common::{DType, Device};
 use std::path::PathBuf;
 
@@ -16,12 +17,14 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Folder of experiment specs (<name>.toml).
-    #[arg(long, global = true, default_value_os_t = workspace_dir("experiments"))]
-    experiments_dir: PathBuf,
-    /// Folder results are written under.
-    #[arg(long, global = true, default_value_os_t = workspace_dir("results"))]
-    results_dir: PathBuf,
+    /// Folder of experiment specs (<name>.toml). Default: experiments/ of the workbench
+    /// checkout the current directory is in (or of WORKBENCH_ROOT).
+    #[arg(long, global = true)]
+    experiments_dir: Option<PathBuf>,
+    /// Folder results are written under. Default: results/ of the workbench checkout the
+    /// current directory is in (or of WORKBENCH_ROOT).
+    #[arg(long, global = true)]
+    results_dir: Option<PathBuf>,
     /// Cap the CPU kernels' instruction set: avx512 (AVX-512 F/BW/VL), avx2 (AVX2 + FMA +
     /// F16C, x86-64-v3) or portable (plain loops). Default: the widest this CPU has, or the
     /// WORKBENCH_ISA environment variable. Recorded in every result's provenance.
@@ -45,10 +48,12 @@ fn apply_isa(isa: Option<&str>) -> Result<()> {
     }
 }
 
-/// `name` inside the workspace this binary was built from.
-fn workspace_dir(name: &str) -> PathBuf {
-    let harness = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    harness.parent().unwrap_or(harness).join(name)
+/// `--experiments-dir` / `--results-dir`, or `name` in the workspace found from here.
+fn dir_or_workspace(given: Option<PathBuf>, name: &str) -> Result<PathBuf> {
+    match given {
+        Some(dir) => Ok(dir),
+        None => Ok(workspace::root()?.join(name)),
+    }
 }
 
 #[derive(Args)]
@@ -171,12 +176,28 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::List => {
             println!("{}\n", machine::isa_summary());
-            println!("Families and variants (use as --variant NAME[:key=value,...]):");
-            for (family, name, about) in registry::all_variants() {
-                println!("  {family:<10} {name:<10} {about}");
+            println!("Families:");
+            for f in families::FAMILIES {
+                let does: Vec<&str> = [
+                    f.check.is_some().then_some("check"),
+                    f.exp.is_some().then_some("exp"),
+                    f.replay.is_some().then_some("replay"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                println!("  {:<10} [{}] {}", f.name, does.join(" "), f.about);
+            }
+            println!("\nVariants (use as --variant NAME[:key=value,...]):");
+            for v in families::all_variants() {
+                println!(
+                    "  {:<10} {:<14} {:<5} {}",
+                    v.family, v.name, v.device, v.about
+                );
             }
             println!("\nExperiments (harness exp NAME):");
-            for spec in ExperimentSpec::list(&cli.experiments_dir)? {
+            let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
+            for spec in ExperimentSpec::list(&experiments_dir)? {
                 println!(
                     "  {:<18} [{}] {}",
                     spec.name,
@@ -184,9 +205,10 @@ fn run(cli: Cli) -> Result<i32> {
                     spec.question.trim().lines().next().unwrap_or("")
                 );
             }
-            for family in harness::spec::EXPERIMENT_FAMILIES {
-                println!("\nGrid keys for --set ({family} experiments):");
-                for (k, about) in harness::spec::grid_keys(family) {
+            for f in families::FAMILIES {
+                let Some(exp) = &f.exp else { continue };
+                println!("\nGrid keys for --set ({} experiments):", f.name);
+                for (k, about) in exp.grid_keys {
                     println!("  {k:<11} {about}");
                 }
             }
@@ -201,7 +223,7 @@ fn run(cli: Cli) -> Result<i32> {
             let device = Device::parse(&common.device)?;
             set_threads(common.threads)?;
             let families = if family.is_empty() {
-                registry::FAMILIES.iter().map(|s| s.to_string()).collect()
+                check::default_families()
             } else {
                 family
             };
@@ -213,14 +235,14 @@ fn run(cli: Cli) -> Result<i32> {
                     .map(|d| DType::parse(d))
                     .collect::<kernel_common::error::Result<_>>()?
             };
-            let opts = check::CheckOptions {
+            let opts = CheckOptions {
                 families,
                 device,
                 cases,
                 seed: common.seed,
                 dtypes,
                 format: common.format,
-                results_dir: cli.results_dir,
+                results_dir: dir_or_workspace(cli.results_dir, "results")?,
             };
             on_pool(|| check::run(&opts))
         }
@@ -234,7 +256,7 @@ fn run(cli: Cli) -> Result<i32> {
         } => {
             let device = Device::parse(&common.device)?;
             set_threads(common.threads)?;
-            let opts = exp::ExpOptions {
+            let opts = ExpOptions {
                 name,
                 sets,
                 variants,
@@ -243,8 +265,8 @@ fn run(cli: Cli) -> Result<i32> {
                 reps,
                 seed: common.seed,
                 format: common.format,
-                experiments_dir: cli.experiments_dir,
-                results_dir: cli.results_dir,
+                experiments_dir: dir_or_workspace(cli.experiments_dir, "experiments")?,
+                results_dir: dir_or_workspace(cli.results_dir, "results")?,
             };
             on_pool(|| exp::run(&opts))
         }
@@ -254,8 +276,9 @@ fn run(cli: Cli) -> Result<i32> {
             replace,
         } => {
             let device = Device::parse(&device)?;
+            let results_dir = dir_or_workspace(cli.results_dir, "results")?;
             if let Device::Cuda(n) = device {
-                let (fresh, path) = roofline::measure_cuda_and_record(&cli.results_dir, n)?;
+                let (fresh, path) = roofline::measure_cuda_and_record(&results_dir, n)?;
                 println!(
                     "{} ({} SMs): device-to-device copy {:.0} GB/s (read + write), bf16 GEMM {:.0} GFLOP/s ({}) -> {}",
                     fresh.cpu_model,
@@ -273,11 +296,11 @@ fn run(cli: Cli) -> Result<i32> {
                 "{}, {} threads: measured read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({})",
                 fresh.cpu_model, fresh.threads, fresh.read_gbps, fresh.fma_gflops, fresh.fma_isa
             );
-            let best = match roofline::stored(&cli.results_dir) {
+            let best = match roofline::stored(&results_dir) {
                 Some(old) if !replace => old.best_of(fresh),
                 _ => fresh,
             };
-            let path = roofline::store(&cli.results_dir, &best)?;
+            let path = roofline::store(&results_dir, &best)?;
             println!(
                 "stored (best seen): read {:.1} GB/s, FMA {:.1} GFLOP/s -> {}",
                 best.read_gbps,
@@ -308,7 +331,8 @@ fn run(cli: Cli) -> Result<i32> {
             on_pool(|| generate::run(&args))
         }
         Command::Render { csv } => {
-            println!("{}", render::rerender(&csv, &cli.experiments_dir)?);
+            let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
+            println!("{}", exp::rerender(&csv, &experiments_dir)?);
             Ok(0)
         }
     }

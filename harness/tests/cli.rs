@@ -873,3 +873,84 @@ fn list_names_variants_and_experiments() {
         );
     }
 }
+
+#[test]
+fn list_shows_every_family_and_each_variants_device() {
+    let out = harness(&["list"]);
+    let stdout = text(&out.stdout);
+    for family in [
+        "attention",
+        "paged",
+        "quant",
+        "moe",
+        "spec",
+        "kv",
+        "kv_alloc",
+        "serving",
+        "decode",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.trim_start().starts_with(family)),
+            "list does not show family {family}:\n{stdout}"
+        );
+    }
+    // The moe and spec CUDA kernels are variants like the others, with their device.
+    for (family, name) in [
+        ("moe", "cuda_router"),
+        ("spec", "cuda_tree"),
+        ("attention", "cuda_flash2"),
+    ] {
+        assert!(
+            stdout.lines().any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() > 3 && w[0] == family && w[1] == name && w[2] == "cuda"
+            }),
+            "list does not show {family} {name} on cuda:\n{stdout}"
+        );
+    }
+}
+
+/// Runs the harness binary from `dir` with `WORKBENCH_ROOT` set or removed.
+fn harness_in(dir: &Path, root: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).current_dir(dir);
+    match root {
+        Some(r) => cmd.env("WORKBENCH_ROOT", r),
+        None => cmd.env_remove("WORKBENCH_ROOT"),
+    };
+    cmd.output().expect("the harness binary runs")
+}
+
+#[test]
+fn default_folders_come_from_where_the_user_stands() {
+    // Outside any checkout: one line saying how to name one, exit 2.
+    let outside = TempDir::new("outside");
+    let out = harness_in(&outside.0, None, &["exp", "naive_vs_flash2", "--quick"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("WORKBENCH_ROOT"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // Another checkout (a folder with a [workspace] Cargo.toml and experiments/): its specs
+    // are the ones listed, from the folder itself and from below it.
+    let other = TempDir::new("other-checkout");
+    fs::write(other.join("Cargo.toml"), "[workspace]\nmembers = []\n").unwrap();
+    fs::create_dir_all(other.join("experiments")).unwrap();
+    fs::create_dir_all(other.join("deep/er")).unwrap();
+    let spec = fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../experiments/naive_vs_flash2.toml"
+    ))
+    .unwrap()
+    .replace("name = \"naive_vs_flash2\"", "name = \"only_in_the_other\"");
+    fs::write(other.join("experiments/only_in_the_other.toml"), spec).unwrap();
+    for dir in [other.0.clone(), other.join("deep/er")] {
+        let out = harness_in(&dir, None, &["list"]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(stdout.contains("only_in_the_other"), "{stdout}");
+        assert!(!stdout.contains("flash_vs_paged"), "{stdout}");
+    }
+    // WORKBENCH_ROOT wins over the current directory.
+    let out = harness_in(&outside.0, Some(&other.0), &["list"]);
+    assert!(text(&out.stdout).contains("only_in_the_other"));
+}

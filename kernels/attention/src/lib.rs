@@ -14,6 +14,7 @@ pub mod shape;
 pub use shape::AttentionShape;
 
 use kernel_common::error::Result;
+use kernel_common::VariantInfo;
 use kernel_common::{Buffer, Cost, DType, Device, KernelError, VariantSpec};
 
 /// The three input tensors of one attention call, in one storage dtype.
@@ -153,24 +154,24 @@ pub fn cpu_only(name: &str, device: Device) -> Result<()> {
 }
 
 /// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
+pub const VARIANTS: &[VariantInfo] = &[
+    VariantInfo::cpu(
         "reference",
         "f64 oracle, materialised scores, one query row at a time",
     ),
-    (
+    VariantInfo::cpu(
         "naive",
         "f32 'standard attention': S=QK^T materialised per head (GEMM), softmax, P·V",
     ),
-    (
+    VariantInfo::cpu(
         "flash2",
         "FlashAttention-2: Br×Bc tiles, online softmax, one final 1/l; params br, bc, gemm (mm | faer)",
     ),
-    (
+    VariantInfo::cuda(
         "cuda_naive",
         "CUDA: scores materialised in f32 (one thread per score), row softmax, P·V; --device cuda",
     ),
-    (
+    VariantInfo::cuda(
         "cuda_flash2",
         "CUDA FlashAttention-2: 64-row blocks, 64-key tiles, m16n8k16 tensor-core MMAs, f16/bf16, head_dim 64|128; param pipe (0 | 1: cp.async double-buffered K/V, ldmatrix fragments); --device cuda",
     ),

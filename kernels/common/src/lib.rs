@@ -26,4 +26,4 @@ pub use device::{probe_cuda, CudaInfo, Device};
 pub use dtype::{Buffer, DType, Element};
 pub use error::KernelError;
 pub use metrics::{tolerance, ErrorStats, Tolerance};
-pub use variant::VariantSpec;
+pub use variant::{Runs, VariantInfo, VariantSpec};

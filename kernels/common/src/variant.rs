@@ -6,6 +6,52 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+/// Where a variant runs: an explicit field of every variant, not inferred from its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Runs {
+    Cpu,
+    Cuda,
+}
+
+impl Runs {
+    /// `cpu` or `cuda`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runs::Cpu => "cpu",
+            Runs::Cuda => "cuda",
+        }
+    }
+}
+
+/// A variant as a family crate lists it in its `VARIANTS` table: the name its spec starts
+/// with, where it runs, and one line on what it is (its parameters included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VariantInfo {
+    pub name: &'static str,
+    pub device: Runs,
+    pub about: &'static str,
+}
+
+impl VariantInfo {
+    /// A CPU variant.
+    pub const fn cpu(name: &'static str, about: &'static str) -> VariantInfo {
+        VariantInfo {
+            name,
+            device: Runs::Cpu,
+            about,
+        }
+    }
+
+    /// A CUDA variant (`--device cuda`).
+    pub const fn cuda(name: &'static str, about: &'static str) -> VariantInfo {
+        VariantInfo {
+            name,
+            device: Runs::Cuda,
+            about,
+        }
+    }
+}
+
 /// A variant name with its parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VariantSpec {

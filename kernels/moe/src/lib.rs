@@ -22,17 +22,34 @@ pub use forward::{experts_forward, ExpertVariant};
 pub use routing::{route, route_reference, select, Assignment, Routing, RoutingStats};
 pub use weights::MoeWeights;
 
+use kernel_common::VariantInfo;
 use kernel_common::{error::Result, KernelError, VariantSpec};
 
 /// Variants of the moe family (`--variant NAME`).
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
+pub const VARIANTS: &[VariantInfo] = &[
+    VariantInfo::cpu(
         "grouped",
         "dispatch tokens per expert, three GEMMs per expert over its tokens (threads over expert chunks), weighted combine",
     ),
-    (
+    VariantInfo::cpu(
         "naive",
         "per token, per kept assignment: three matrix-vector products (threads over tokens)",
+    ),
+    VariantInfo::cuda(
+        "cuda_router",
+        "CUDA router: logits, softmax, top-k and weights per token (check rows cuda_router, cuda_topk, cuda_weights); with the three below, run stage by stage by check --family moe --device cuda",
+    ),
+    VariantInfo::cuda(
+        "cuda_capacity",
+        "CUDA capacity: each assignment's slot in its expert's queue, or dropped (-1) past the capacity",
+    ),
+    VariantInfo::cuda(
+        "cuda_dispatch",
+        "CUDA dispatch: token rows into their experts' slots [experts, slots, d_model]",
+    ),
+    VariantInfo::cuda(
+        "cuda_combine",
+        "CUDA combine: out[t] = sum over kept assignments of weight x the expert's output row",
     ),
 ];
 

@@ -23,15 +23,16 @@ pub use decode::{paged_decode, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 pub use pool::{append, KvPool, PagedBatch, PoolLayout, MAX_BLOCK_SIZE};
 
 use kernel_common::error::Result;
+use kernel_common::VariantInfo;
 use kernel_common::VariantSpec;
 
 /// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
+pub const VARIANTS: &[VariantInfo] = &[
+    VariantInfo::cpu(
         "paged",
         "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto | tokens per partition)",
     ),
-    (
+    VariantInfo::cuda(
         "cuda_paged",
         "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split, unroll (1|2 keys per lane group per step); head_dim 64|128; --device cuda",
     ),

@@ -43,27 +43,28 @@ pub use packed::PackedMatrix;
 pub use prepared::Prepared;
 pub use weights::WeightDist;
 
+use kernel_common::VariantInfo;
 use kernel_common::{error::Result, KernelError, VariantSpec};
 
 /// Variants of the quant family (`--variant NAME[:key=value]`).
-pub const VARIANTS: &[(&str, &str)] = &[
-    (
+pub const VARIANTS: &[VariantInfo] = &[
+    VariantInfo::cpu(
         "fused",
         "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2)",
     ),
-    (
+    VariantInfo::cpu(
         "packed",
         "int8 activations on 16-row interleaved tiles built at load (llama.cpp's repacked layout; VNNI vpdpbusd on avx512, maddubs on avx2): q4_0, q4_1, q8_0; param isa (auto | avx512 | avx2 | portable)",
     ),
-    (
+    VariantInfo::cpu(
         "dequant",
         "unfused baseline: dequantise all of W to f32 every call, then the f32 product",
     ),
-    (
+    VariantInfo::cpu(
         "faer",
         "library baseline, f32 weights only: one whole-matrix faer GEMM (its packing, rayon threads)",
     ),
-    (
+    VariantInfo::cuda(
         "cuda_gemv",
         "CUDA dequantising GEMV (one warp per output row, decode in registers): f16, sym4g32, q4_0, q8_0; batch ≤ 8; --device cuda",
     ),

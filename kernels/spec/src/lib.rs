@@ -14,11 +14,19 @@ pub mod tree;
 /// Greedy and lossless stochastic verification.
 pub mod verify;
 
+use kernel_common::VariantInfo;
+
 /// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[(&str, &str)] = &[(
-    "tree",
-    "tree attention: queries of draft-tree nodes over the paged context and their own paths (online softmax); verification is greedy or lossless rejection sampling",
-)];
+pub const VARIANTS: &[VariantInfo] = &[
+    VariantInfo::cpu(
+        "tree",
+        "tree attention: queries of draft-tree nodes over the paged context and their own paths (online softmax); verification is greedy or lossless rejection sampling",
+    ),
+    VariantInfo::cuda(
+        "cuda_tree",
+        "CUDA tree attention: the same queries, paths and online softmax on the device; --device cuda",
+    ),
+];
 
 pub use attention::{tree_attention, tree_attention_reference, TreeAttnShape, TreeContext};
 pub use tree::{DraftTree, TreeShape};

@@ -1,0 +1,384 @@
+//! `harness generate`: one request through the pipeline — a GGUF llama file (e.g.
+//! SmolLM2-135M-Instruct from scripts/fetch-models.sh), a Hugging Face checkpoint directory or
+//! a random-weight preset — on the kernel crates over a paged KV cache, greedy or sampled
+//! (temperature, top-k, top-p, seeded): text streams to the terminal as tokens are produced,
+//! or one JSON object with the ids, the text and the timings (time to first token, time per
+//! output token, tokens/s).
+
+use crate::error::{HarnessError, Result};
+use crate::model_source::drafter;
+use crate::Format;
+use models::spec::SpecConfig;
+use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
+use quant_kernels::WeightFormat;
+use serde::Serialize;
+use spec_kernels::TreeShape;
+use std::io::Write;
+use std::time::Instant;
+
+/// The flags of `harness generate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenerateArgs {
+    /// A GGUF llama file (F32/F16/Q8_0/Q4_0/Q4_1), a Hugging Face checkpoint directory
+    /// (LlamaForCausalLM or MixtralForCausalLM: config.json + safetensors), or a preset with
+    /// random weights (tiny-gqa, tiny-mqa, tiny-mha, tiny-moe).
+    #[arg(long)]
+    pub model: String,
+    /// Prompt text (tokenised with the model's tokenizer; no BOS is added).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt token ids, e.g. 1,4093,198.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate (fewer if the end-of-sequence token comes first).
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Generate exactly --max-new-tokens, ignoring end-of-sequence.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Softmax temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample among the k most likely tokens only (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the smallest set of tokens whose probability reaches p (1 = all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Attention variant: naive, flash2 (K/V gathered from the cache), or paged (decode
+    /// straight on the block pool, each sequence's context split in partitions of ≥ 64 tokens
+    /// — their size depends on --threads, so the last bits of the logits do too — unless
+    /// split=off; prompt chunks above 16 tokens go through flash2), with parameters, e.g.
+    /// flash2:br=32 or paged:split=off.
+    #[arg(long, default_value = "paged")]
+    pub attention: String,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Convert every weight matrix to this format: f32, f16, q8_0, q4_0, q4_1, sym4g32, ...
+    /// (default: keep the checkpoint's).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// The product of every projection. packed (default): int8 activations on 16-row
+    /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q8_0);
+    /// fused:act=q8: the same arithmetic on row-major weights; fused: f32 activations, the
+    /// arithmetic of transformers' float32 reference (its greedy text). Formats a product
+    /// does not take use fused. Add isa=avx2 etc. to pin a tier (see --isa).
+    #[arg(long, default_value = "packed")]
+    pub matmul: String,
+    /// MoE capacity: dropless (default) or a factor such as 1.25.
+    #[arg(long, default_value = "dropless")]
+    pub capacity: String,
+    /// Speculative decoding with this drafter: a preset or checkpoint (same vocabulary),
+    /// self:FORMAT (the target's own weights converted, e.g. self:q4_0), self-layers:N (the
+    /// target's first N layers, layer skipping), or ngram[:N] (prompt lookup of the last N
+    /// tokens, default 3).
+    #[arg(long)]
+    pub spec_draft: Option<String>,
+    /// Draft tree: chain:K, static:B1,B2,... (branching per depth) or dynamic:N (N nodes
+    /// grown where the draft is most confident).
+    #[arg(long, default_value = "chain:4", requires = "spec_draft")]
+    pub spec_tree: String,
+    /// Shrink the draft depth while the running acceptance rate is under 70%, grow it above.
+    #[arg(long, requires = "spec_draft")]
+    pub spec_adaptive: bool,
+    /// Worker threads (default: all logical cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// table streams the text; json prints one object at the end.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+impl GenerateArgs {
+    /// The loader options these flags ask for.
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            attention: self.attention.clone(),
+            weights: self
+                .weights
+                .as_deref()
+                .map(WeightFormat::parse)
+                .transpose()?,
+            capacity: moe_kernels::parse_capacity(&self.capacity)?,
+            matmul: crate::registry::quant_variant(&self.matmul)?.1,
+        })
+    }
+
+    /// The sampler these flags ask for.
+    pub fn sampler(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
+/// The JSON `--format json` prints.
+#[derive(Debug, Serialize)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    /// Empty for a model without a tokenizer (a preset).
+    pub text: String,
+    pub ttft_ms: f64,
+    pub tpot_ms: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    /// The projections' product (--matmul) and the CPU kernels' ISA tier (--isa).
+    pub matmul: String,
+    pub isa: String,
+    /// Speculative decoding statistics (with --spec-draft).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SpecSummary>,
+}
+
+/// What `--spec-draft` adds to the JSON.
+#[derive(Debug, Serialize)]
+pub struct SpecSummary {
+    pub drafter: String,
+    pub tree: String,
+    pub adaptive: bool,
+    pub target_passes: usize,
+    /// Accepted / proposed draft depth (1 − rejected / drafted).
+    pub acceptance_rate: f64,
+    pub tokens_per_pass: f64,
+    pub draft_ms: f64,
+    pub verify_ms: f64,
+}
+
+/// The prompt's ids from --prompt (needs a tokenizer) or --prompt-ids, checked.
+pub fn prompt_ids(
+    args: &GenerateArgs,
+    tok: Option<&TextTokenizer>,
+    vocab: usize,
+) -> Result<Vec<u32>> {
+    let ids = match (&args.prompt, &args.prompt_ids, tok) {
+        (Some(p), None, Some(tok)) => tok.encode(p)?,
+        (Some(_), None, None) => {
+            return Err(HarnessError::Usage(format!(
+                "--model {} has no tokenizer: give --prompt-ids",
+                args.model
+            )))
+        }
+        (None, Some(ids), _) => ids.clone(),
+        _ => {
+            return Err(HarnessError::Usage(
+                "give exactly one of --prompt TEXT and --prompt-ids 1,2,3".into(),
+            ))
+        }
+    };
+    if ids.is_empty() {
+        return Err(HarnessError::Usage("the prompt has no tokens".into()));
+    }
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(HarnessError::Usage(format!(
+            "prompt id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(ids)
+}
+
+/// Prints the part of the text that is complete (a partial UTF-8 sequence decodes to U+FFFD).
+struct Streamer<'a> {
+    tok: Option<&'a TextTokenizer>,
+    printed: usize,
+}
+
+impl Streamer<'_> {
+    fn show(&mut self, generated: &[u32]) -> Result<()> {
+        match self.tok {
+            Some(tok) => {
+                let text = tok.decode(generated)?;
+                if !text.ends_with('\u{FFFD}') && text.len() > self.printed {
+                    print!("{}", &text[self.printed..]);
+                    self.printed = text.len();
+                }
+            }
+            None => print!("{} ", generated.last().expect("a token")),
+        }
+        let _ = std::io::stdout().flush();
+        Ok(())
+    }
+}
+
+/// Runs the generation; returns the exit code.
+pub fn run(args: &GenerateArgs) -> Result<i32> {
+    let mut sampler = Sampler::new(args.sampler())?;
+    if args.max_new_tokens == 0 {
+        return Err(HarnessError::Usage(
+            "--max-new-tokens must be at least 1".into(),
+        ));
+    }
+    let loaded = load(&args.model, &args.load_options()?)?;
+    let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
+    let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
+    if prompt_ids.len() + args.max_new_tokens > model.cfg.context {
+        return Err(HarnessError::Usage(format!(
+            "{} prompt tokens + {} new tokens exceed the model's context of {}",
+            prompt_ids.len(),
+            args.max_new_tokens,
+            model.cfg.context
+        )));
+    }
+    let mut session = Session::new(
+        model,
+        prompt_ids.len() + args.max_new_tokens,
+        args.block_size,
+    )?;
+    let eos = if args.ignore_eos {
+        None
+    } else {
+        tok.and_then(|t| t.eos)
+    };
+    if let Some(d) = &args.spec_draft {
+        return run_spec(args, &loaded, prompt_ids, eos, d);
+    }
+    let mut stream = (args.format == Format::Table).then_some(Streamer { tok, printed: 0 });
+    let started = Instant::now();
+    let mut logits = session.forward(&prompt_ids)?;
+    let mut generated = vec![];
+    let mut ttft = 0.0;
+    loop {
+        let next = sampler.sample(&logits);
+        generated.push(next);
+        if generated.len() == 1 {
+            ttft = started.elapsed().as_secs_f64();
+        }
+        if let Some(s) = stream.as_mut() {
+            s.show(&generated)?;
+        }
+        if Some(next) == eos || generated.len() == args.max_new_tokens {
+            break;
+        }
+        logits = session.forward(&[next])?;
+    }
+    let total = started.elapsed().as_secs_f64();
+    let decode_steps = generated.len() - 1;
+    let tpot = (decode_steps > 0).then(|| (total - ttft) / decode_steps as f64);
+    let out = Generation {
+        text: match tok {
+            Some(t) => t.decode(&generated)?,
+            None => String::new(),
+        },
+        prompt_ids,
+        ttft_ms: ttft * 1e3,
+        tpot_ms: tpot.map(|t| t * 1e3),
+        tokens_per_s: tpot.map(|t| 1.0 / t),
+        generated_ids: generated,
+        matmul: args.matmul.clone(),
+        isa: crate::machine::isa(),
+        spec: None,
+    };
+    report(args, &loaded, &out)
+}
+
+fn run_spec(
+    args: &GenerateArgs,
+    loaded: &models::Loaded,
+    prompt_ids: Vec<u32>,
+    eos: Option<u32>,
+    spec: &str,
+) -> Result<i32> {
+    let shape = TreeShape::parse(&args.spec_tree)?;
+    let cfg = SpecConfig {
+        shape: shape.clone(),
+        adaptive: args.spec_adaptive,
+        threshold: 0.7,
+        sampler: args.sampler(),
+    };
+    let capacity = prompt_ids.len() + args.max_new_tokens + shape.max_nodes() + 1;
+    let mut d = drafter(
+        &args.model,
+        args.load_options()?,
+        args.sampler(),
+        &loaded.model,
+        spec,
+        capacity,
+    )?;
+    let started = Instant::now();
+    let out = models::spec::generate(
+        &loaded.model,
+        d.as_mut(),
+        &prompt_ids,
+        args.max_new_tokens,
+        eos,
+        &cfg,
+    )?;
+    let total = started.elapsed().as_secs_f64();
+    let st = &out.stats;
+    let after_first = total - st.prefill_s;
+    let decode = out.tokens.len().saturating_sub(1);
+    let gen = Generation {
+        text: match &loaded.tokenizer {
+            Some(t) => t.decode(&out.tokens)?,
+            None => String::new(),
+        },
+        prompt_ids,
+        ttft_ms: st.prefill_s * 1e3,
+        tpot_ms: (decode > 0).then(|| after_first / decode as f64 * 1e3),
+        tokens_per_s: (decode > 0).then(|| decode as f64 / after_first),
+        matmul: args.matmul.clone(),
+        isa: crate::machine::isa(),
+        spec: Some(SpecSummary {
+            drafter: d.name(),
+            tree: shape.label(),
+            adaptive: args.spec_adaptive,
+            target_passes: st.rounds,
+            acceptance_rate: st.acceptance_rate(),
+            tokens_per_pass: st.tokens_per_pass(),
+            draft_ms: st.draft_s * 1e3,
+            verify_ms: st.verify_s * 1e3,
+        }),
+        generated_ids: out.tokens,
+    };
+    if args.format == Format::Table {
+        match &loaded.tokenizer {
+            Some(_) => print!("{}", gen.text),
+            None => print!(
+                "{}",
+                gen.generated_ids
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        }
+    }
+    report(args, loaded, &gen)
+}
+
+fn report(args: &GenerateArgs, loaded: &models::Loaded, out: &Generation) -> Result<i32> {
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
+        Format::Table => {
+            println!();
+            eprintln!(
+                "{}: {} prompt + {} generated tokens; time to first token {:.1} ms, {} per output token",
+                loaded.source,
+                out.prompt_ids.len(),
+                out.generated_ids.len(),
+                out.ttft_ms,
+                out.tpot_ms
+                    .map_or("–".into(), |t| format!("{t:.2} ms ({:.1} tokens/s)", 1e3 / t))
+            );
+            if let Some(s) = &out.spec {
+                eprintln!(
+                    "speculative: {} drafting {}, {} target passes, acceptance {:.0}%, {:.2} tokens per pass, draft {:.0} ms, verify {:.0} ms",
+                    s.drafter,
+                    s.tree,
+                    s.target_passes,
+                    100.0 * s.acceptance_rate,
+                    s.tokens_per_pass,
+                    s.draft_ms,
+                    s.verify_ms
+                );
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,112 @@
+//! `harness check --family attention`: random attention shapes (decode, append, prefill;
+//! MHA/GQA/MQA; odd head dims) then the DESIGN.md edge cases (kv_len 1, lengths 54/97/577,
+//! kv_heads 1 and = q_heads, non-causal with q_len > kv_len), every variant on NaN-poisoned
+//! output against the f64 reference; paged variants run here too, through the same trait.
+
+use crate::checking::Ctx;
+use crate::error::Result;
+use crate::registry;
+use attention_kernels::reference::attention;
+use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_common::inputs::{derive_seed, rng};
+use kernel_common::{Buffer, Device, ErrorStats};
+use rand::Rng;
+
+/// Random attention shapes (decode, append, prefill; MHA/GQA/MQA) then the edge cases.
+fn attention_cases(cases: usize, seed: u64) -> Vec<AttentionShape> {
+    let mut r = rng(seed);
+    let mut out = vec![];
+    for _ in 0..cases {
+        let kv_heads = [1, 2, 4][r.gen_range(0..3)];
+        let group = r.gen_range(1..=4);
+        let head_dim = [64, 128, r.gen_range(1..=160)][r.gen_range(0..3)];
+        let kv_len = r.gen_range(1..=600);
+        let (q_len, causal) = match r.gen_range(0..3) {
+            0 => (1, true),
+            1 => (r.gen_range(1..=kv_len.min(16)), true),
+            _ => (kv_len, r.gen_bool(0.5)),
+        };
+        out.push(AttentionShape::new(
+            r.gen_range(1..=3),
+            kv_heads * group,
+            kv_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            causal,
+        ));
+    }
+    out.extend([
+        AttentionShape::new(1, 4, 4, 1, 1, 64, true),
+        AttentionShape::new(2, 8, 1, 1, 577, 128, true),
+        AttentionShape::new(3, 8, 8, 1, 97, 64, true),
+        AttentionShape::new(1, 8, 2, 54, 97, 128, true),
+        AttentionShape::new(1, 4, 1, 577, 577, 64, true),
+        AttentionShape::new(1, 2, 2, 97, 54, 128, false),
+    ]);
+    out
+}
+
+/// Every attention variant (CPU, or the `cuda_` ones under `--device cuda`) on every case.
+pub fn check(ctx: &mut Ctx) -> Result<()> {
+    let shapes = attention_cases(ctx.opts.cases, ctx.opts.seed);
+    for (case, shape) in shapes.iter().enumerate() {
+        let seed = derive_seed(ctx.opts.seed, case as u64);
+        let mut r = rng(seed);
+        let cuda = matches!(ctx.opts.device, Device::Cuda(_));
+        let cpu_variants = [
+            "naive".to_string(),
+            "flash2".to_string(),
+            format!(
+                "flash2:br={},bc={}",
+                r.gen_range(1..=96),
+                r.gen_range(1..=96)
+            ),
+            format!("paged:bs={}", [1, 16, r.gen_range(2..=256)][case % 3]),
+            format!(
+                "paged:bs={},split={}",
+                [16, 1, 32][case % 3],
+                ["auto", "64", "7"][case % 3]
+            ),
+        ];
+        // On CUDA the same cases go to the CUDA variants (names prefixed `cuda_`).
+        let variants: Vec<String> = if cuda {
+            cpu_variants
+                .iter()
+                .filter(|v| !v.contains("br="))
+                .map(|v| format!("cuda_{v}"))
+                .chain(["cuda_flash2:pipe=1".to_string()])
+                .collect()
+        } else {
+            cpu_variants.to_vec()
+        };
+        for &dtype in &ctx.opts.dtypes {
+            let inputs = AttentionInputs::random(shape, dtype, seed);
+            let want = attention(shape, &inputs);
+            for v in &variants {
+                let kernel = registry::attention_kernel(v)?;
+                let outcome = kernel
+                    .supports(shape, dtype, ctx.opts.device)
+                    .map_err(|e| e.to_string())
+                    .and_then(|_| {
+                        let mut out = Buffer::poisoned(dtype, shape.q_elems());
+                        kernel
+                            .prepare(shape, &inputs)
+                            .and_then(|mut p| p.run(&mut out))
+                            .map_err(|e| e.to_string())?;
+                        Ok(ErrorStats::compare(&out.to_f32(), &want))
+                    });
+                ctx.record(
+                    "attention",
+                    case,
+                    &kernel.name(),
+                    dtype,
+                    shape.label(),
+                    seed,
+                    outcome,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,544 @@
+//! `harness exp` for the quant family: for each weight shape and distribution, quantise the
+//! same f32 matrix into every format of the grid (untimed, its error against the originals
+//! recorded), then for each batch size multiply it with the same seeded activations: check
+//! sampled outputs against the f64 product of the dequantised weights (correctness), measure
+//! how far they are from the f64 product of the original weights (what quantisation costs),
+//! and time the calls with caches flushed, round-robin over every format and variant of the
+//! point (see `time_interleaved`). Speed-ups are over the f32 (and f16) weights of the same
+//! point, timed in the same rounds.
+
+use crate::error::{HarnessError, Result};
+use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::provenance::Provenance;
+use crate::render::{fmt_err, fmt_opt};
+use crate::render::{report, Rendered};
+use crate::roofline::Roofline;
+use crate::row::{Head, Row};
+use crate::run_files::{counts_as_failure, progress_bar, spread, ExpRequest, GridValues, RunFiles};
+use crate::spec::{ExperimentSpec, Limits};
+use kernel_common::inputs::{derive_seed, normal_buffer_par};
+use kernel_common::{tolerance, DType, ErrorStats, KernelError};
+use quant_kernels::{
+    matvec::cost, reference, MatVecVariant, Prepared, QuantError, QuantMatrix, WeightDist,
+    WeightFormat,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+/// One variant × format × shape × weights × batch. Column names are stable.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QuantCols {
+    pub format: String,
+    /// dense | ggml | sym g<group> | asym g<group> (one line per scheme in the plots)
+    pub scheme: String,
+    pub bits: u8,
+    pub bits_per_weight: f64,
+    pub rows: usize,
+    pub cols: usize,
+    pub shape: String,
+    pub weights: String,
+    pub batch: usize,
+    pub gbps: Option<f64>,
+    pub gflops: Option<f64>,
+    /// Achieved GB/s as % of the run's measured read bandwidth.
+    pub pct_read_bw: Option<f64>,
+    /// Median of the fastest f32-weight row of the same shape, weights and batch (our fused
+    /// kernel or faer's GEMM, timed round-robin with this one) / this row's median.
+    pub speedup_vs_f32: Option<f64>,
+    pub speedup_vs_f16: Option<f64>,
+    pub weight_bytes: u64,
+    pub bytes: u64,
+    pub flops: u64,
+    /// Dequantised vs original weights.
+    pub w_rmse: f64,
+    pub w_max_abs: f64,
+    pub w_snr_db: f64,
+    /// Relative L2 distance of the sampled outputs from the f64 product with the original
+    /// (unquantised) weights: the error quantisation adds to the layer's output.
+    pub out_rel_err: Option<f64>,
+    /// Against the f64 product of the dequantised weights (the correctness check).
+    pub max_abs_err: Option<f64>,
+    pub rel_l2_err: Option<f64>,
+    pub checked_outputs: usize,
+    pub quantize_ms: f64,
+}
+
+/// A row: the shared head, these columns, the note.
+pub type QuantRow = Row<QuantCols>;
+
+/// The grid of a quant experiment, parsed and validated.
+struct QuantGrid {
+    formats: Vec<WeightFormat>,
+    shapes: Vec<(usize, usize)>,
+    dists: Vec<WeightDist>,
+    batches: Vec<usize>,
+}
+
+fn usage(e: impl std::fmt::Display) -> HarnessError {
+    HarnessError::Usage(e.to_string())
+}
+
+fn parse_shape(text: &str) -> Result<(usize, usize)> {
+    text.split_once('x')
+        .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
+        .filter(|&(r, c): &(usize, usize)| r > 0 && c > 0)
+        .ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "shape '{text}' is not ROWSxCOLS with both > 0 (e.g. 4096x11008)"
+            ))
+        })
+}
+
+impl QuantGrid {
+    fn parse(grid: &BTreeMap<String, Vec<String>>) -> Result<QuantGrid> {
+        let g = GridValues(grid);
+        let list = |key: &str, default: &str| g.strings(key, &[default]);
+        let mut formats = list("format", "q4_0")
+            .iter()
+            .map(|f| WeightFormat::parse(f).map_err(usage))
+            .collect::<Result<Vec<_>>>()?;
+        // The baselines run first so every later row can carry its speed-up.
+        formats.sort_by_key(|f| match f {
+            WeightFormat::F32 => 0,
+            WeightFormat::F16 => 1,
+            _ => 2,
+        });
+        formats.dedup();
+        let shapes = list("shape", "4096x4096")
+            .iter()
+            .map(|s| parse_shape(s))
+            .collect::<Result<Vec<_>>>()?;
+        let dists = list("weights", "gaussian")
+            .iter()
+            .map(|d| WeightDist::parse(d).map_err(usage))
+            .collect::<Result<Vec<_>>>()?;
+        let batches = list("batch", "1")
+            .iter()
+            .map(|b| match b.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(HarnessError::Usage(format!(
+                    "batch '{b}' is not a positive integer"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for &(_, cols) in &shapes {
+            for f in &formats {
+                f.validate(cols).map_err(usage)?;
+            }
+        }
+        Ok(QuantGrid {
+            formats,
+            shapes,
+            dists,
+            batches,
+        })
+    }
+
+    /// Rows the run will write: unsupported (variant, format) pairs are left out.
+    fn rows(&self, variants: &[(String, MatVecVariant)]) -> usize {
+        let pairs = self
+            .formats
+            .iter()
+            .flat_map(|f| variants.iter().map(move |(_, v)| (*f, *v)))
+            .filter(|&(f, v)| quant_kernels::supports(v, f).is_ok())
+            .count();
+        pairs * self.shapes.len() * self.dists.len() * self.batches.len()
+    }
+}
+
+/// `dense`, `ggml`, `sym g32`, `asym g128`.
+fn scheme(f: WeightFormat) -> String {
+    match f {
+        WeightFormat::F32 | WeightFormat::F16 => "dense".into(),
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => "ggml".into(),
+        WeightFormat::Sym { group, .. } => format!("sym g{group}"),
+        WeightFormat::Asym { group, .. } => format!("asym g{group}"),
+    }
+}
+
+/// f64 products of the original f32 weights' `rows` with every activation vector.
+fn dense_reference(w: &[f32], cols: usize, x: &[f32], batch: usize, rows: &[usize]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(batch * rows.len());
+    for b in 0..batch {
+        let xb = &x[b * cols..(b + 1) * cols];
+        for &r in rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            out.push(wr.iter().zip(xb).map(|(&a, &v)| a as f64 * v as f64).sum());
+        }
+    }
+    out
+}
+
+/// Runs a quant-family experiment (called by `exp::run` once the spec and grid are loaded).
+pub fn run(req: &ExpRequest) -> Result<i32> {
+    let (opts, spec, names, reps) = (req.opts, req.spec, &req.names, req.reps);
+    let qgrid = QuantGrid::parse(&req.grid)?;
+    let variants = names
+        .iter()
+        .map(|v| crate::registry::quant_variant(v))
+        .collect::<Result<Vec<_>>>()?;
+    crate::require_device(
+        opts.device,
+        variants.iter().map(|(name, v)| match v {
+            MatVecVariant::Cuda => Ok(()),
+            _ => Err(KernelError::Unsupported(format!("{name} runs on the CPU"))),
+        }),
+    )?;
+    crate::registry::require_variant_devices(names, opts.device)?;
+    // A variant pinned to a tier this CPU lacks or --isa excludes would skip every row.
+    for (name, v) in &variants {
+        v.isa()
+            .map_err(|e| usage(format!("--variant {name}: {e}")))?;
+    }
+    let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
+    let bar = progress_bar(qgrid.rows(&variants));
+    let mut flusher = CacheFlusher::new();
+    let mut failures = 0;
+    for (si, &(rows, cols)) in qgrid.shapes.iter().enumerate() {
+        for (di, dist) in qgrid.dists.iter().enumerate() {
+            let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
+            bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
+            let w = dist.sample(rows, cols, seed);
+            // 256 rows: 16 gave output errors too noisy to rank formats by.
+            let sampled = spread(rows, 256);
+            // Every format of this (shape, weights), quantised once (untimed).
+            let mut stored = vec![];
+            for &format in &qgrid.formats {
+                bar.set_message(format!("quantising {rows}x{cols} to {format}"));
+                let started = Instant::now();
+                let m = QuantMatrix::quantize(format, rows, cols, &w).map(std::sync::Arc::new);
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                let err = m
+                    .as_ref()
+                    .map(|m| QuantError::measure(&w, &m.dequantize()))
+                    .ok();
+                stored.push((format, m, ms, err));
+            }
+            for &batch in &qgrid.batches {
+                let x = normal_buffer_par(
+                    derive_seed(seed, 1000 + batch as u64),
+                    DType::F32,
+                    batch * cols,
+                )
+                .to_f32();
+                let want_dense = dense_reference(&w, cols, &x, batch, &sampled);
+                let mut point: Vec<(QuantRow, Option<(Prepared, MatVecVariant)>)> = vec![];
+                for (format, m, quantize_ms, err) in &stored {
+                    for (vname, variant) in &variants {
+                        if quant_kernels::supports(*variant, *format).is_err() {
+                            continue;
+                        }
+                        let mut row = Row {
+                            head: Head::new(
+                                &run.run_id,
+                                &spec.name,
+                                vname,
+                                &opts.device.to_string(),
+                                seed,
+                            ),
+                            cols: QuantCols {
+                                format: format.to_string(),
+                                scheme: scheme(*format),
+                                bits: format.bits(),
+                                bits_per_weight: format.bits_per_weight(),
+                                rows,
+                                cols,
+                                shape: format!("{rows}x{cols}"),
+                                weights: dist.name(),
+                                batch,
+                                gbps: None,
+                                gflops: None,
+                                pct_read_bw: None,
+                                speedup_vs_f32: None,
+                                speedup_vs_f16: None,
+                                weight_bytes: (rows * format.row_bytes(cols)) as u64,
+                                bytes: 0,
+                                flops: 0,
+                                w_rmse: err.map_or(f64::NAN, |e| e.rmse),
+                                w_max_abs: err.map_or(f64::NAN, |e| e.max_abs),
+                                w_snr_db: err.map_or(f64::NAN, |e| e.snr_db),
+                                out_rel_err: None,
+                                max_abs_err: None,
+                                rel_l2_err: None,
+                                checked_outputs: 0,
+                                quantize_ms: *quantize_ms,
+                            },
+                            note: String::new(),
+                        };
+                        bar.set_message(format!("checking {format} b{batch} {vname}"));
+                        let timed = match m {
+                            Err(e) => {
+                                row.head.status = "error".into();
+                                row.note = e.to_string();
+                                None
+                            }
+                            // Laid out for the variant once, untimed (packed builds its tiles).
+                            Ok(m) => match Prepared::new(m.clone(), *variant) {
+                                Err(e) => {
+                                    row.head.status = "error".into();
+                                    row.note = e.to_string();
+                                    None
+                                }
+                                Ok(p) => {
+                                    let check = Check {
+                                        m,
+                                        p: &p,
+                                        x: &x,
+                                        want_dense: &want_dense,
+                                        sampled: &sampled,
+                                        batch,
+                                    };
+                                    let ran = check.run(*variant, &mut row);
+                                    ran.then_some((p, *variant))
+                                }
+                            },
+                        };
+                        point.push((row, timed));
+                    }
+                }
+                bar.set_message(format!("timing {rows}x{cols} {} b{batch}", dist.name()));
+                time_interleaved(
+                    &mut point,
+                    &x,
+                    batch,
+                    reps,
+                    &spec.limits,
+                    &mut flusher,
+                    &run.roof,
+                );
+                for (row, _) in &point {
+                    if counts_as_failure(&row.head.status, &row.note) {
+                        failures += 1;
+                    }
+                    run.writer.write(row)?;
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    run.finish(spec, opts.format, failures, render)
+}
+
+/// Times every runnable row of one (shape, weights, batch) point round-robin: repetition i
+/// of every format and variant runs before repetition i + 1 of any, each after a cache flush,
+/// so the shared machine's drift (its read bandwidth moved 25–50 GB/s within an hour) hits all
+/// of them alike and the speed-ups compare like with like. Stops after `reps` rounds, or once
+/// at least 3 rounds ran and the point has used `seconds_per_point` per row. Then fills the
+/// timing columns and the speed-ups over the fastest f32 and the f16 row of the point.
+fn time_interleaved(
+    point: &mut [(QuantRow, Option<(Prepared, MatVecVariant)>)],
+    x: &[f32],
+    batch: usize,
+    reps: usize,
+    limits: &Limits,
+    flusher: &mut CacheFlusher,
+    roof: &Roofline,
+) {
+    let live = point.iter().filter(|(_, t)| t.is_some()).count();
+    let mut samples: Vec<Vec<f64>> = vec![vec![]; point.len()];
+    let mut errors: Vec<Option<String>> = vec![None; point.len()];
+    let mut ys: Vec<Vec<f32>> = point
+        .iter()
+        .map(|(_, t)| {
+            t.as_ref()
+                .map_or(vec![], |(m, _)| vec![0.0; batch * m.rows()])
+        })
+        .collect();
+    let budget = limits.seconds_per_point * live as f64;
+    let mut spent = 0.0;
+    // CUDA rows: the kernel alone, resident data, CUDA events (after a warm-up).
+    for (i, (_, timed)) in point.iter().enumerate() {
+        if let Some((m, MatVecVariant::Cuda)) = timed {
+            let m = m.rows_matrix();
+            match quant_kernels::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| g.time(reps))
+            {
+                Ok(t) => samples[i] = t,
+                Err(e) => errors[i] = Some(e.to_string()),
+            }
+        }
+    }
+    for round in 0..reps.max(1) {
+        if round >= 3 && spent > budget {
+            break;
+        }
+        for (i, (_, timed)) in point.iter().enumerate() {
+            let (Some((p, variant)), None) = (timed, &errors[i]) else {
+                continue;
+            };
+            if *variant == MatVecVariant::Cuda {
+                continue;
+            }
+            let t = time_reps(1, f64::INFINITY, flusher, || {
+                p.matmul(x, batch, &mut ys[i], *variant)
+            });
+            match t {
+                Ok(t) => {
+                    spent += t.samples[0];
+                    samples[i].push(t.samples[0]);
+                }
+                Err(e) => errors[i] = Some(e.to_string()),
+            }
+        }
+    }
+    let medians: Vec<Option<f64>> = samples
+        .iter()
+        .map(|s| (!s.is_empty()).then(|| Timing { samples: s.clone() }.median()))
+        .collect();
+    let best = |format: &str| {
+        point
+            .iter()
+            .zip(&medians)
+            .filter(|((r, _), _)| r.format == format && r.head.status == "ok")
+            .filter_map(|(_, m)| *m)
+            .reduce(f64::min)
+    };
+    let (f32_best, f16_best) = (best("f32"), best("f16"));
+    for (i, (row, timed)) in point.iter_mut().enumerate() {
+        if timed.is_none() {
+            continue;
+        }
+        if let Some(e) = &errors[i] {
+            row.head.status = "error".into();
+            row.note = e.clone();
+            continue;
+        }
+        let t = Timing {
+            samples: samples[i].clone(),
+        };
+        let median = t.median();
+        row.head.set_timing(&t);
+        row.gbps = Some(row.bytes as f64 / median / 1e9);
+        row.gflops = Some(row.flops as f64 / median / 1e9);
+        row.pct_read_bw = Some(100.0 * row.bytes as f64 / median / 1e9 / roof.read_gbps);
+        row.speedup_vs_f32 = f32_best.map(|b| b / median);
+        row.speedup_vs_f16 = f16_best.map(|b| b / median);
+    }
+}
+
+/// One product to check (untimed).
+struct Check<'a> {
+    m: &'a QuantMatrix,
+    /// `m` laid out for the variant.
+    p: &'a Prepared,
+    x: &'a [f32],
+    want_dense: &'a [f64],
+    sampled: &'a [usize],
+    batch: usize,
+}
+
+impl Check<'_> {
+    /// Runs the variant once on NaN-poisoned output, fills the error columns and the status
+    /// (ok | fail | error); returns whether it ran (and so can be timed).
+    fn run(&self, variant: MatVecVariant, row: &mut QuantRow) -> bool {
+        let (m, batch) = (self.m, self.batch);
+        let c = cost(m, batch);
+        (row.bytes, row.flops) = (c.bytes, c.flops);
+        let mut y = vec![f32::NAN; batch * m.rows];
+        if let Err(e) = self.p.matmul(self.x, batch, &mut y, variant) {
+            row.head.status = "error".into();
+            row.note = e.to_string();
+            return false;
+        }
+        let got: Vec<f32> = (0..batch)
+            .flat_map(|b| self.sampled.iter().map(move |&r| (b, r)))
+            .map(|(b, r)| y[b * m.rows + r])
+            .collect();
+        // act=q8 multiplies the int8-quantised activation: judge it against that product
+        // (out_rel_err below still measures against x itself).
+        let seen = quant_kernels::activation_as_seen(variant, self.x, m.cols);
+        let want = reference::matmul_rows(m, &seen, batch, self.sampled);
+        let stats = ErrorStats::compare(&got, &want);
+        row.max_abs_err = Some(stats.max_abs);
+        row.rel_l2_err = Some(stats.rel_l2);
+        row.checked_outputs = got.len();
+        row.out_rel_err = Some(ErrorStats::compare(&got, self.want_dense).rel_l2);
+        let unwritten = y.iter().filter(|v| !v.is_finite()).count();
+        let passed = unwritten == 0 && stats.passes(&tolerance(DType::F32).scaled_to(&want));
+        row.head.status = if passed { "ok" } else { "fail" }.into();
+        if unwritten > 0 {
+            row.note = format!("{unwritten} outputs non-finite (unwritten or NaN)");
+        }
+        true
+    }
+}
+
+/// The quant family's `RenderFn`.
+pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
+    report::<QuantCols>(spec, csv, prov, |_, rows| tables(rows))
+}
+
+/// The markdown tables of a quant run: errors per format, the batch-1 GEMV, and speed-ups
+/// over f32 weights by batch size.
+pub fn tables(rows: &[QuantRow]) -> String {
+    let mut md = String::new();
+    let ok: Vec<&QuantRow> = rows
+        .iter()
+        .filter(|r| r.head.status == "ok" || r.head.status == "fail")
+        .collect();
+    let first_batch = ok.iter().map(|r| r.batch).min().unwrap_or(1);
+    let _ = writeln!(
+        md,
+        "## Quantisation error (per format; output error at batch {first_batch})\n"
+    );
+    let _ = writeln!(md, "| shape | weights | format | bits/weight | weight RMSE | max abs | SNR dB | output rel err |\n|---|---|---|---|---|---|---|---|");
+    for r in ok
+        .iter()
+        .filter(|r| r.batch == first_batch && r.head.variant == ok[0].head.variant)
+    {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.3} | {:.2e} | {:.2e} | {:.1} | {} |",
+            r.shape,
+            r.weights,
+            r.format,
+            r.bits_per_weight,
+            r.w_rmse,
+            r.w_max_abs,
+            r.w_snr_db,
+            r.out_rel_err.map_or("–".into(), |e| format!("{e:.2e}"))
+        );
+    }
+    let _ = writeln!(md, "\n## Timing\n");
+    let _ = writeln!(md, "| shape | weights | batch | format | variant | median ms | p10–p90 ms | GB/s | % read BW | GFLOP/s | × f32 | × f16 | rel L2 vs ref | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &ok {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} | {} | {} | {} |",
+            r.shape,
+            r.weights,
+            r.batch,
+            r.format,
+            r.head.variant,
+            fmt_opt(r.head.median_ms, 3),
+            fmt_opt(r.head.p10_ms, 3),
+            fmt_opt(r.head.p90_ms, 3),
+            fmt_opt(r.gbps, 1),
+            fmt_opt(r.pct_read_bw, 0),
+            fmt_opt(r.gflops, 1),
+            fmt_opt(r.speedup_vs_f32, 2),
+            fmt_opt(r.speedup_vs_f16, 2),
+            fmt_err(r.rel_l2_err),
+            r.head.status
+        );
+    }
+    let bad: Vec<&QuantRow> = rows.iter().filter(|r| r.head.status != "ok").collect();
+    if !bad.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Rows not passing\n\n| format | shape | batch | status | why |\n|---|---|---|---|---|"
+        );
+        for r in bad {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} |",
+                r.format, r.shape, r.batch, r.head.status, r.note
+            );
+        }
+    }
+    md.push('\n');
+    md
+}

@@ -1,0 +1,140 @@
+//! `harness check --family spec`: tree attention (speculative decoding's one pass over a draft
+//! tree) on random trees of 1..=48 nodes over a paged pool with a shuffled block table
+//! (MHA/GQA/MQA, odd head dims, block sizes 1..=32, contexts 0..=300 ending mid-block), with
+//! the queries of every node or of the deepest half only (a drafter's level-by-level pass),
+//! then the edge cases (root alone over an empty context, a long chain, a static tree), each on
+//! NaN-poisoned output against the f64 reference that walks parent pointers.
+
+use crate::checking::Ctx;
+use crate::error::Result;
+use kernel_common::inputs::{derive_seed, normal_buffer, rng};
+use kernel_common::{tolerance, DType, ErrorStats};
+use paged_kernels::{KvPool, PoolLayout};
+use rand::seq::SliceRandom;
+use rand::Rng;
+use spec_kernels::{
+    tree_attention, tree_attention_reference, DraftTree, TreeAttnShape, TreeContext,
+};
+
+struct Case {
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    ctx: usize,
+    tree: DraftTree,
+    /// Queries of the deepest half of the nodes only.
+    late_half: bool,
+}
+
+fn cases(n: usize, seed: u64) -> Vec<Case> {
+    let mut r = rng(seed ^ 0x5EC);
+    let mut out = vec![];
+    for _ in 0..n {
+        let kv_heads = [1, 2, 4][r.gen_range(0..3)];
+        let nodes = r.gen_range(1..=48);
+        let parents: Vec<Option<usize>> = (0..nodes)
+            .map(|i| (i > 0).then(|| r.gen_range(0..i)))
+            .collect();
+        out.push(Case {
+            q_heads: kv_heads * r.gen_range(1..=4),
+            kv_heads,
+            head_dim: [64, r.gen_range(1..=96)][r.gen_range(0..2)],
+            block_size: [1, 4, 16, 32][r.gen_range(0..4)],
+            ctx: r.gen_range(0..=300),
+            tree: DraftTree::from_parents(&parents).expect("parents precede children"),
+            late_half: r.gen_bool(0.3),
+        });
+    }
+    let edge = |tree: DraftTree, ctx: usize| Case {
+        q_heads: 8,
+        kv_heads: 2,
+        head_dim: 64,
+        block_size: 16,
+        ctx,
+        tree,
+        late_half: false,
+    };
+    out.push(edge(DraftTree::root(), 0));
+    out.push(edge(DraftTree::chain(16), 33));
+    out.push(edge(
+        DraftTree::static_shape(&[4, 2, 2, 1]).expect("positive branching"),
+        17,
+    ));
+    out
+}
+
+/// Runs the spec cases; rows go through `ctx` like every family's.
+pub fn check(ctx: &mut Ctx) -> Result<()> {
+    for (i, c) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
+        let seed = derive_seed(ctx.opts.seed ^ 0x5EC, i as u64);
+        let mut r = rng(seed);
+        let n = c.tree.len();
+        let used = (c.ctx + n).div_ceil(c.block_size);
+        let layout = PoolLayout {
+            num_blocks: used + 2,
+            block_size: c.block_size,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        };
+        let elems = layout.num_blocks * layout.block_elems();
+        let pool = KvPool {
+            layout,
+            k: normal_buffer(&mut r, DType::F32, elems),
+            v: normal_buffer(&mut r, DType::F32, elems),
+        };
+        let mut table: Vec<u32> = (0..layout.num_blocks as u32).collect();
+        table.shuffle(&mut r);
+        let nodes: Vec<usize> = if c.late_half {
+            (n / 2..n).collect()
+        } else {
+            (0..n).collect()
+        };
+        let shape = TreeAttnShape {
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        let at = TreeContext {
+            pool: &pool,
+            table: &table,
+            ctx: c.ctx,
+            tree: &c.tree,
+            nodes: &nodes,
+        };
+        let q = normal_buffer(&mut r, DType::F32, nodes.len() * c.q_heads * c.head_dim).to_f32();
+        let want = tree_attention_reference(&shape, &at, &q)?;
+        let cuda = matches!(ctx.opts.device, kernel_common::Device::Cuda(_));
+        let outcome = if cuda {
+            spec_kernels::cuda::tree_attention_cuda(&shape, &at, &q)
+        } else {
+            let mut out = vec![f32::NAN; q.len()];
+            tree_attention(&shape, &at, &q, &mut out).map(|_| out)
+        }
+        .map(|out| ErrorStats::compare(&out, &want))
+        .map_err(|e| e.to_string());
+        let label = format!(
+            "h{}/{} d{} bs{} ctx{} tree{}{} (height {})",
+            c.q_heads,
+            c.kv_heads,
+            c.head_dim,
+            c.block_size,
+            c.ctx,
+            n,
+            if c.late_half { " late half" } else { "" },
+            c.tree.height()
+        );
+        ctx.record_with(
+            "spec",
+            i,
+            if cuda { "cuda_tree" } else { "tree" },
+            DType::F32,
+            tolerance(DType::F32).scaled_to(&want),
+            label,
+            seed,
+            outcome,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! `harness exp` for the spec family (claims C21, C22): speculative decoding on a real model
+//! over drafters × tree shapes × temperatures × prompt kinds. For each (drafter, prompt,
+//! temperature) plain decoding runs first in the same process, then every tree shape; a row
+//! holds acceptance (accepted / drafted depth), tokens per target pass, the draft/verify time
+//! split, tokens/s and the speed-up over plain decoding. Greedy rows must reproduce plain
+//! greedy output token for token (status fail otherwise).
+
+use crate::error::{HarnessError, Result};
+use crate::model_source::drafter;
+use crate::model_source::resolve_model;
+use crate::provenance::Provenance;
+use crate::render::{report, Rendered};
+use crate::row::{Head, Row};
+use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::spec::ExperimentSpec;
+use models::spec::{generate, generate_plain, SpecConfig};
+use models::{load, LoadOptions, SamplerConfig};
+use serde::{Deserialize, Serialize};
+use spec_kernels::TreeShape;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+/// One drafter × tree × temperature × prompt. Column names are stable.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpecCols {
+    pub model: String,
+    pub drafter: String,
+    pub tree: String,
+    /// chain | static | dynamic
+    pub shape_kind: String,
+    /// Deepest draft level the shape allows.
+    pub depth: usize,
+    pub max_nodes: usize,
+    /// Draft depth adapted to the running acceptance (70% threshold). (Absent from runs
+    /// before the column existed: off.)
+    #[serde(default)]
+    pub adaptive: bool,
+    /// Mean depth limit over the rounds (the shape's depth unless adaptive).
+    #[serde(default)]
+    pub mean_depth_limit: f64,
+    pub temperature: f64,
+    pub prompt: String,
+    pub new_tokens: usize,
+    pub plain_tok_s: f64,
+    pub spec_tok_s: f64,
+    pub speedup: f64,
+    pub acceptance_rate: f64,
+    pub tokens_per_pass: f64,
+    pub target_passes: usize,
+    pub nodes_per_pass: f64,
+    pub draft_ms: f64,
+    pub verify_ms: f64,
+    /// draft / (draft + verify)
+    pub draft_share: f64,
+}
+
+/// A row: the shared head, these columns, the note.
+pub type SpecRow = Row<SpecCols>;
+
+/// Prompts of different kinds.
+fn prompt_text(kind: &str) -> Result<&'static str> {
+    Ok(match kind {
+        "prose" => "The history of the old harbour town begins in the twelfth century, when",
+        "code" => "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef factorial(n):\n",
+        "repetitive" => "one two three four five, one two three four five, one two three four five, one two",
+        o => {
+            return Err(HarnessError::Usage(format!(
+                "prompt '{o}' is not prose, code or repetitive"
+            )))
+        }
+    })
+}
+
+/// Runs a spec experiment.
+pub fn run(req: &ExpRequest) -> Result<i32> {
+    let (opts, spec, spec_path, grid) = (req.opts, req.spec, req.spec_path, req.grid.clone());
+    let g = GridValues(&grid);
+    let model_name = g.one_string("model", "smollm2")?;
+    let drafters = g.strings("drafter", &["ngram"]);
+    let trees = g
+        .strings("tree", &["chain:4"])
+        .iter()
+        .map(|t| TreeShape::parse(t))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let temps = g.parsed("temperature", &["0"], "a temperature ≥ 0", |t: f64| {
+        t >= 0.0
+    })?;
+    let prompts = g.strings("prompt", &["prose", "code", "repetitive"]);
+    for p in &prompts {
+        prompt_text(p)?;
+    }
+    let max_new = g.one("max_new", "48", "a positive integer", |n: usize| n > 0)?;
+    let adaptive: Vec<bool> = g
+        .strings("adaptive", &["off"])
+        .iter()
+        .map(|a| match a.as_str() {
+            "off" | "false" => Ok(false),
+            "on" | "true" => Ok(true),
+            o => Err(HarnessError::Usage(format!(
+                "adaptive '{o}' is not on or off"
+            ))),
+        })
+        .collect::<Result<_>>()?;
+    // Model, prompts and every drafter are set up before results/ is touched.
+    let path = resolve_model(&model_name)?;
+    let loaded = load(&path, &models::LoadOptions::default())?;
+    let tok = loaded.tokenizer.as_ref().ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "model {model_name} has no tokenizer for the prompts"
+        ))
+    })?;
+    let target = &loaded.model;
+    let encoded = prompts
+        .iter()
+        .map(|p| Ok((p, tok.encode(prompt_text(p)?)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let max_nodes = trees.iter().map(|t| t.max_nodes()).max().unwrap_or(1);
+    let longest = encoded.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let capacity = longest + max_new + max_nodes + 1;
+    if capacity > target.cfg.context {
+        return Err(HarnessError::Usage(format!(
+            "a {longest}-token prompt + max_new {max_new} + a {max_nodes}-node tree exceed the context of {}",
+            target.cfg.context
+        )));
+    }
+    let mut drafters_at = vec![];
+    for d in &drafters {
+        for &temp in &temps {
+            // `harness generate`'s defaults: flash2 attention, the file's weights, the
+            // fused product, dropless MoE; sampled at this temperature (top-k/top-p off).
+            let load = LoadOptions {
+                attention: "flash2".into(),
+                weights: None,
+                capacity: moe_kernels::parse_capacity("dropless")?,
+                matmul: crate::registry::quant_variant("fused")?.1,
+            };
+            let sampler = SamplerConfig {
+                temperature: temp as f32,
+                top_k: 0,
+                top_p: 1.0,
+                seed: opts.seed,
+            };
+            drafters_at.push((d, temp, drafter(&path, load, sampler, target, d, capacity)?));
+        }
+    }
+    let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
+    let bar =
+        progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
+    let mut failures = 0;
+    for (d, temp, drafter) in &mut drafters_at {
+        let (d, temp) = (*d, *temp);
+        let sampler = SamplerConfig {
+            temperature: temp as f32,
+            top_k: 0,
+            top_p: 1.0,
+            seed: opts.seed,
+        };
+        for (p, ids) in &encoded {
+            bar.set_message(format!("{d} T={temp} {p}: plain"));
+            let t0 = Instant::now();
+            let plain = generate_plain(target, ids, max_new, None, sampler)?;
+            let plain_s = t0.elapsed().as_secs_f64();
+            for (shape, &adapt) in trees
+                .iter()
+                .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
+            {
+                bar.set_message(format!("{d} T={temp} {p}: {}", shape.label()));
+                let cfg = SpecConfig {
+                    shape: shape.clone(),
+                    adaptive: adapt,
+                    threshold: 0.7,
+                    sampler,
+                };
+                let t0 = Instant::now();
+                let out = generate(target, drafter.as_mut(), ids, max_new, None, &cfg)?;
+                let spec_s = t0.elapsed().as_secs_f64();
+                let st = &out.stats;
+                let ok = temp > 0.0 || out.tokens == plain;
+                failures += usize::from(!ok);
+                run.writer.write(&Row {
+                    head: Head {
+                        status: if ok { "ok" } else { "fail" }.into(),
+                        ..Head::new(
+                            &run.run_id,
+                            &spec.name,
+                            "driver",
+                            &opts.device.to_string(),
+                            opts.seed,
+                        )
+                    },
+                    cols: SpecCols {
+                        model: model_name.clone(),
+                        drafter: d.clone(),
+                        tree: shape.label(),
+                        shape_kind: shape.label().split(':').next().unwrap_or("").into(),
+                        depth: shape.max_depth(),
+                        max_nodes: shape.max_nodes(),
+                        adaptive: adapt,
+                        mean_depth_limit: st.depths.iter().sum::<usize>() as f64
+                            / st.depths.len().max(1) as f64,
+                        temperature: temp,
+                        prompt: p.to_string(),
+                        new_tokens: out.tokens.len(),
+                        plain_tok_s: plain.len() as f64 / plain_s,
+                        spec_tok_s: out.tokens.len() as f64 / spec_s,
+                        speedup: plain_s / spec_s * out.tokens.len() as f64 / plain.len() as f64,
+                        acceptance_rate: st.acceptance_rate(),
+                        tokens_per_pass: st.tokens_per_pass(),
+                        target_passes: st.rounds,
+                        nodes_per_pass: st.nodes_scored as f64 / st.rounds.max(1) as f64,
+                        draft_ms: st.draft_s * 1e3,
+                        verify_ms: st.verify_s * 1e3,
+                        draft_share: st.draft_s / (st.draft_s + st.verify_s).max(1e-12),
+                    },
+                    note: String::new(),
+                })?;
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    run.finish(spec, opts.format, failures, render)
+}
+
+/// This family's `RenderFn`.
+pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
+    report::<SpecCols>(spec, csv, prov, |_, rows| tables(rows))
+}
+
+/// The markdown table of a spec run.
+pub fn tables(rows: &[SpecRow]) -> String {
+    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n| drafter | tree | adaptive (mean depth) | T | prompt | acceptance | tokens/pass | nodes/pass | draft share | plain tok/s | spec tok/s | speed-up | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.0}% | {:.2} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.2}× | {} |",
+            r.drafter,
+            r.tree,
+            if r.adaptive {
+                format!("on ({:.1})", r.mean_depth_limit)
+            } else {
+                "off".into()
+            },
+            r.temperature,
+            r.prompt,
+            100.0 * r.acceptance_rate,
+            r.tokens_per_pass,
+            r.nodes_per_pass,
+            100.0 * r.draft_share,
+            r.plain_tok_s,
+            r.spec_tok_s,
+            r.speedup,
+            r.head.status
+        );
+    }
+    let best = rows
+        .iter()
+        .filter(|r| r.head.status == "ok")
+        .max_by(|a, b| a.speedup.total_cmp(&b.speedup));
+    if let Some(b) = best {
+        let _ = writeln!(
+            md,
+            "\nBest: {} drafting {} at T={} on {} — {:.2}× plain decoding ({:.0}% acceptance, {:.2} tokens per pass).",
+            b.drafter,
+            b.tree,
+            b.temperature,
+            b.prompt,
+            b.speedup,
+            100.0 * b.acceptance_rate,
+            b.tokens_per_pass
+        );
+    }
+    md.push('\n');
+    md
+}

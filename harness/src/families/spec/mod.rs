@@ -1,0 +1,68 @@
+//! The spec family: speculative decoding with draft trees (SpecInfer, Medusa, EAGLE-2 shapes).
+//! Its check is tree attention (queries of tree nodes over the paged context and their own
+//! paths) against f64; its experiments run the speculative driver end to end on a real model
+//! against plain decoding in the same process.
+
+use crate::error::HarnessError;
+use crate::family::{listed, ExpFamily, Family, VariantInfo};
+
+/// `harness check --family spec`: tree attention.
+pub mod check;
+/// `harness exp` for spec specs: the driver against plain decoding.
+pub mod exp;
+
+pub const FAMILY: Family = Family {
+    name: "spec",
+    about: "speculative decoding: tree attention, and the draft-verify driver",
+    variants,
+    check: Some(check::check),
+    exp: Some(ExpFamily {
+        grid_keys: GRID_KEYS,
+        variant: |v| {
+            if v == "driver" {
+                Ok(())
+            } else {
+                Err(HarnessError::Usage(format!(
+                    "'{v}' is not a variant of a spec experiment (it has: driver)"
+                )))
+            }
+        },
+        run: exp::run,
+        render: exp::render,
+    }),
+    replay: None,
+};
+
+fn variants() -> Vec<VariantInfo> {
+    let mut v = listed("spec", spec_kernels::VARIANTS);
+    v.push(VariantInfo {
+        family: "spec",
+        name: "driver",
+        device: "cpu",
+        about: "the speculative decoding driver on a real model (draft, one tree-masked target pass, verify), against plain decoding; the variant of spec experiments",
+    });
+    v
+}
+
+/// Grid keys a spec (speculative decoding) experiment understands.
+pub const GRID_KEYS: &[(&str, &str)] = &[
+    (
+        "model",
+        "smollm2 (the fetched GGUF) | a checkpoint with a tokenizer (one value)",
+    ),
+    (
+        "drafter",
+        "ngram[:N] | self:FORMAT | self-layers:N | a preset or checkpoint",
+    ),
+    (
+        "tree",
+        "chain:K | static:B1,B2,... (in --set: static:B1/B2/...) | dynamic:N",
+    ),
+    ("temperature", "0 (greedy) or a sampling temperature"),
+    ("prompt", "prose | code | repetitive"),
+    ("max_new", "tokens generated per run (one value)"),
+    (
+        "adaptive",
+        "off | on: adapt the draft depth to the running acceptance (70%)",
+    ),
+];

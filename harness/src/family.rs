@@ -1,0 +1,72 @@
+//! What a family is, to the harness: the `Family` record each `families/<name>/mod.rs`
+//! defines (`pub const FAMILY`) and the table in `families/mod.rs` lists, with the parts a
+//! family may have — a check, experiments, replay — and the `VariantInfo` that `harness list`
+//! prints. Shared layer: families import it; it imports no family.
+
+use crate::case_file::CaseFile;
+use crate::case_job::Prepared;
+use crate::checking::Ctx;
+use crate::error::Result;
+use crate::render::RenderFn;
+use crate::run_files::ExpRequest;
+
+/// One family's record.
+pub struct Family {
+    /// The name `--family`, a spec's `family` and a case file's `family` use.
+    pub name: &'static str,
+    /// One line for `harness list`.
+    pub about: &'static str,
+    /// Its variants, as `harness list` shows them.
+    pub variants: fn() -> Vec<VariantInfo>,
+    /// `harness check --family NAME`: records rows through the context.
+    pub check: Option<fn(&mut Ctx) -> Result<()>>,
+    /// `harness exp` for specs with `family = NAME`.
+    pub exp: Option<ExpFamily>,
+    /// `harness replay` of case files with `family = NAME`.
+    pub replay: Option<ReplayFamily>,
+}
+
+/// A family's experiments: the grid keys a spec may set, which variant names it takes, the
+/// runner, and the report of a run.
+pub struct ExpFamily {
+    /// (key, meaning) of every grid key.
+    pub grid_keys: &'static [(&'static str, &'static str)],
+    /// Fails with one line unless the name is a variant these experiments run.
+    pub variant: fn(&str) -> Result<()>,
+    /// Runs the experiment; the exit code (1 when a row is wrong).
+    pub run: fn(&ExpRequest) -> Result<i32>,
+    /// Tables and plots of a run from its CSV.
+    pub render: RenderFn,
+}
+
+/// A family's case files: the tensors it needs (for errors) and the jobs of one file.
+pub struct ReplayFamily {
+    pub needs: &'static str,
+    pub prepare: fn(&CaseFile, &[String]) -> Result<Prepared>,
+}
+
+/// A variant as `harness list` shows it: its name, where it runs and what it is.
+#[derive(Debug, Clone)]
+pub struct VariantInfo {
+    pub family: &'static str,
+    pub name: &'static str,
+    /// cpu or cuda (explicit: `cuda_` in a name is a spelling, not the source of truth).
+    pub device: &'static str,
+    pub about: &'static str,
+}
+
+/// The variants of a kernel crate's `VARIANTS` table as this family's list.
+pub fn listed(
+    family: &'static str,
+    table: &'static [kernel_common::VariantInfo],
+) -> Vec<VariantInfo> {
+    table
+        .iter()
+        .map(|v| VariantInfo {
+            family,
+            name: v.name,
+            device: v.device.as_str(),
+            about: v.about,
+        })
+        .collect()
+}

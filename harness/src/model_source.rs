@@ -1,0 +1,66 @@
+//! Models as experiments and commands name them: `smollm2` (the GGUF that
+//! scripts/fetch-models.sh fetched), a preset, a checkpoint path; and the speculative drafters
+//! (`ngram[:N]`, the target in a cheaper format, its first N layers, another model) built for a
+//! loaded target. Shared by `harness generate` and the serving, decode and spec experiments.
+
+use crate::error::{HarnessError, Result};
+use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::{load, LoadOptions, SamplerConfig};
+use quant_kernels::WeightFormat;
+
+/// `smollm2` → the fetched GGUF; anything else is passed to `models::load` as is.
+pub fn resolve_model(name: &str) -> Result<String> {
+    if name == "smollm2" {
+        let p = models::smollm2_path();
+        if !p.exists() {
+            return Err(HarnessError::Usage(format!(
+                "model smollm2: {} is absent (run scripts/fetch-models.sh)",
+                p.display()
+            )));
+        }
+        return Ok(p.display().to_string());
+    }
+    Ok(name.to_string())
+}
+
+/// The drafter `spec` names (`ngram[:N]`, `self:FORMAT`, `self-layers:N`, a preset or a
+/// checkpoint) for `target`, which was loaded from `model` with `opts`; a model drafter samples
+/// with `sampler` and holds `capacity` tokens of its own paged cache.
+pub fn drafter(
+    model: &str,
+    opts: LoadOptions,
+    sampler: SamplerConfig,
+    target: &models::Llama,
+    spec: &str,
+    capacity: usize,
+) -> Result<Box<dyn Drafter>> {
+    if spec == "ngram" || spec.starts_with("ngram:") {
+        let n = match spec.strip_prefix("ngram:") {
+            None => 3,
+            Some(v) => v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                HarnessError::Usage(format!("--spec-draft {spec}: N must be a positive integer"))
+            })?,
+        };
+        return Ok(Box::new(NgramDrafter::new(n, target.cfg.vocab)));
+    }
+    let mut opts = opts;
+    let mut keep = None;
+    let source = if let Some(fmt) = spec.strip_prefix("self:") {
+        opts.weights = Some(WeightFormat::parse(fmt)?);
+        model.to_string()
+    } else if let Some(n) = spec.strip_prefix("self-layers:") {
+        keep = Some(n.parse::<usize>().map_err(|_| {
+            HarnessError::Usage(format!("--spec-draft {spec}: N must be a positive integer"))
+        })?);
+        model.to_string()
+    } else {
+        spec.to_string()
+    };
+    let mut model = load(&source, &opts)?.model;
+    if let Some(n) = keep {
+        model
+            .keep_layers(n)
+            .map_err(|e| HarnessError::Usage(format!("--spec-draft {spec}: {e}")))?;
+    }
+    Ok(Box::new(ModelDrafter::new(model, spec, capacity, sampler)?))
+}

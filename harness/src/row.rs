@@ -1,0 +1,238 @@
+//! Result rows: the columns every row shares (which run, which variant, where, how it went,
+//! how long it took) are declared once in `Head`; a family adds its own columns as a struct `F`,
+//! and `Row<F>` is the two together with the free-text `note` last. CSV files are streamed by
+//! `RowWriter` (flushed per row, so a killed run keeps every finished row) and read back by
+//! column name, so files written before a column existed still read (missing → empty).
+//! The csv crate cannot serialise `#[serde(flatten)]`; rows are written as the tuple
+//! `(head, family columns, note)`, which it flattens in order.
+
+use crate::error::{HarnessError, Result};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::fs::File;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
+
+/// The columns every result row starts with. Columns a row does not use stay empty (a
+/// calculator has no timing; a check has no experiment).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Head {
+    pub run_id: String,
+    /// The experiment's name (`check` and `replay` for those commands).
+    pub experiment: String,
+    /// The variant as spelled (`flash2:br=64`), or what the family's rows compare
+    /// (an allocator, a batching mode, a drafter).
+    pub variant: String,
+    /// cpu | cuda:N
+    pub device: String,
+    /// Host threads (rayon); under `--device cuda` the kernels run on the device regardless.
+    pub threads: usize,
+    /// ok | fail (wrong output) | skipped (over a limit) | unsupported | error; `check` says
+    /// pass | fail | unsupported, `replay` agree | disagree | unsupported | error | info.
+    pub status: String,
+    /// Timed repetitions behind the percentiles.
+    pub reps: usize,
+    pub median_ms: Option<f64>,
+    pub p10_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    /// The seed of this row's random inputs (derived from `--seed`).
+    pub seed: u64,
+}
+
+impl Head {
+    /// A head for `variant` of run `run_id` of `experiment`, on `device` with this process's
+    /// threads, status and timing still empty.
+    pub fn new(run_id: &str, experiment: &str, variant: &str, device: &str, seed: u64) -> Head {
+        Head {
+            run_id: run_id.into(),
+            experiment: experiment.into(),
+            variant: variant.into(),
+            device: device.into(),
+            threads: rayon::current_num_threads(),
+            seed,
+            ..Head::default()
+        }
+    }
+
+    /// Fills the percentiles (in ms) and the repetition count from a timing.
+    pub fn set_timing(&mut self, t: &crate::measure::Timing) {
+        self.reps = t.samples.len();
+        self.median_ms = Some(t.median() * 1e3);
+        self.p10_ms = Some(t.percentile(10.0) * 1e3);
+        self.p90_ms = Some(t.percentile(90.0) * 1e3);
+    }
+}
+
+/// The last column of every row.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+struct Note {
+    #[serde(default)]
+    note: String,
+}
+
+/// One result row: the shared head, a family's columns, a note. Derefs to the family's
+/// columns, so `row.gbps` reads a family column and `row.head.median_ms` a shared one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row<F> {
+    #[serde(flatten)]
+    pub head: Head,
+    #[serde(flatten)]
+    pub cols: F,
+    /// Why a row did not run, or what to know about it.
+    pub note: String,
+}
+
+impl<F> Row<F> {
+    /// A row with an empty note.
+    pub fn new(head: Head, cols: F) -> Row<F> {
+        Row {
+            head,
+            cols,
+            note: String::new(),
+        }
+    }
+}
+
+impl<F> Deref for Row<F> {
+    type Target = F;
+    fn deref(&self) -> &F {
+        &self.cols
+    }
+}
+
+impl<F> DerefMut for Row<F> {
+    fn deref_mut(&mut self) -> &mut F {
+        &mut self.cols
+    }
+}
+
+/// A row's columns by their CSV names, for plots and generic tables.
+pub trait Columns {
+    /// The column `name` as text ("" when empty or absent).
+    fn column(&self, name: &str) -> String;
+}
+
+impl<F: Serialize> Columns for Row<F> {
+    fn column(&self, name: &str) -> String {
+        match serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get(name).cloned())
+        {
+            Some(serde_json::Value::String(s)) => s,
+            Some(serde_json::Value::Null) | None => String::new(),
+            Some(v) => v.to_string(),
+        }
+    }
+}
+
+/// A CSV file that flushes after every row.
+pub struct RowWriter {
+    writer: csv::Writer<File>,
+    pub path: PathBuf,
+    pub rows: usize,
+}
+
+impl RowWriter {
+    /// Creates `path` (its folder must exist).
+    pub fn create(path: PathBuf) -> Result<RowWriter> {
+        let file = File::create(&path)
+            .map_err(HarnessError::io(format!("creating {}", path.display())))?;
+        Ok(RowWriter {
+            writer: csv::Writer::from_writer(file),
+            path,
+            rows: 0,
+        })
+    }
+
+    /// Appends one row (head, family columns, note) and flushes it to disk.
+    pub fn write<F: Serialize>(&mut self, row: &Row<F>) -> Result<()> {
+        let note = Note {
+            note: row.note.clone(),
+        };
+        self.writer.serialize((&row.head, &row.cols, &note))?;
+        self.writer
+            .flush()
+            .map_err(HarnessError::io(format!("writing {}", self.path.display())))?;
+        self.rows += 1;
+        Ok(())
+    }
+}
+
+/// Every row of a CSV, each part read by column name.
+pub fn read_rows<F: DeserializeOwned>(path: &Path) -> Result<Vec<Row<F>>> {
+    let bad = |e: csv::Error| HarnessError::Usage(format!("{}: {e}", path.display()));
+    let mut reader = csv::Reader::from_path(path).map_err(bad)?;
+    let headers = reader.headers().map_err(bad)?.clone();
+    let mut rows = vec![];
+    for record in reader.records() {
+        let record = record.map_err(bad)?;
+        let head: Head = record.deserialize(Some(&headers)).map_err(bad)?;
+        let cols: F = record.deserialize(Some(&headers)).map_err(bad)?;
+        let note: Note = record.deserialize(Some(&headers)).map_err(bad)?;
+        rows.push(Row {
+            head,
+            cols,
+            note: note.note,
+        });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+    struct Cols {
+        mode: String,
+        batch: usize,
+        causal: bool,
+        gbps: Option<f64>,
+    }
+
+    #[test]
+    fn rows_round_trip_through_csv_in_column_order() {
+        let dir = std::env::temp_dir().join(format!("harness-row-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.csv");
+        let mut head = Head::new("r", "e", "paged:bs=16,split=auto", "cpu", 7);
+        head.status = "ok".into();
+        head.reps = 3;
+        head.median_ms = Some(1.5);
+        head.p90_ms = Some(2.0);
+        let mut row = Row::new(
+            head,
+            Cols {
+                mode: "decode".into(),
+                batch: 1,
+                causal: true,
+                gbps: None,
+            },
+        );
+        row.note = "a, \"quoted\" note".into();
+        let mut w = RowWriter::create(path.clone()).unwrap();
+        w.write(&row).unwrap();
+        w.write(&row).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(
+            "run_id,experiment,variant,device,threads,status,reps,median_ms,p10_ms,p90_ms,seed,mode,batch,causal,gbps,note\n"
+        ));
+        let back: Vec<Row<Cols>> = read_rows(&path).unwrap();
+        assert_eq!(back, vec![row.clone(), row.clone()]);
+        assert_eq!(row.column("median_ms"), "1.5");
+        assert_eq!(row.column("mode"), "decode");
+        assert_eq!(row.column("gbps"), "");
+        // A file from before a shared column existed reads with that column empty.
+        std::fs::write(
+            &path,
+            "run_id,experiment,mode,batch,causal,gbps,status\nold,e,prefill,2,false,3.5,ok\n",
+        )
+        .unwrap();
+        let old: Vec<Row<Cols>> = read_rows(&path).unwrap();
+        assert_eq!(old[0].head.status, "ok");
+        assert_eq!(old[0].head.median_ms, None);
+        assert_eq!(old[0].gbps, Some(3.5));
+        assert_eq!(old[0].note, "");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
