@@ -70,3 +70,16 @@ pub fn listed(
         })
         .collect()
 }
+
+/// Fails with one line unless `name` is one of `table`'s variants: the check of a family whose
+/// experiments run fixed named variants (an allocator, the engine, the driver).
+pub fn one_of(family: &str, table: &[kernel_common::VariantInfo], name: &str) -> Result<()> {
+    if table.iter().any(|v| v.name == name) {
+        return Ok(());
+    }
+    let known: Vec<&str> = table.iter().map(|v| v.name).collect();
+    Err(crate::error::HarnessError::Usage(format!(
+        "'{name}' is not a variant of a {family} experiment (it has: {})",
+        known.join(", ")
+    )))
+}

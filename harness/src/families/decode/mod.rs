@@ -6,7 +6,7 @@
 //! sequence.
 
 use crate::error::{HarnessError, Result};
-use crate::family::{ExpFamily, Family, VariantInfo};
+use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::measure::Timing;
 use crate::model_source::resolve_model;
 use crate::provenance::Provenance;
@@ -24,33 +24,22 @@ use std::time::Instant;
 pub const FAMILY: Family = Family {
     name: "decode",
     about: "model decode and prefill against the weight-bandwidth roofline",
-    variants,
+    variants: || listed("decode", VARIANTS),
     check: None,
     exp: Some(ExpFamily {
         grid_keys: GRID_KEYS,
-        variant: |v| {
-            if ["model"].contains(&v) {
-                Ok(())
-            } else {
-                Err(HarnessError::Usage(format!(
-                    "'{v}' is not a variant of a decode experiment (it has: model)"
-                )))
-            }
-        },
+        variant: |v| one_of("decode", VARIANTS, v),
         run,
         render,
     }),
     replay: None,
 };
 
-fn variants() -> Vec<VariantInfo> {
-    vec![VariantInfo {
-        family: "decode",
-        name: "model",
-        device: "cpu",
-        about: "the generation pipeline's forward pass (weights and product in the grid)",
-    }]
-}
+/// The variants of this family's experiments.
+pub const VARIANTS: &[kernel_common::VariantInfo] = &[kernel_common::VariantInfo::cpu(
+    "model",
+    "the generation pipeline's forward pass (weights and product in the grid)",
+)];
 
 /// Grid keys a decode (roofline) experiment understands.
 pub const GRID_KEYS: &[(&str, &str)] = &[

@@ -5,7 +5,7 @@
 //! the same provenance as every run.
 
 use crate::error::{HarnessError, Result};
-use crate::family::{ExpFamily, Family, VariantInfo};
+use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
@@ -19,33 +19,22 @@ use std::path::Path;
 pub const FAMILY: Family = Family {
     name: "kv",
     about: "the exact KV-cache size calculator over published model shapes",
-    variants,
+    variants: || listed("kv", VARIANTS),
     check: None,
     exp: Some(ExpFamily {
         grid_keys: GRID_KEYS,
-        variant: |v| {
-            if ["calculator"].contains(&v) {
-                Ok(())
-            } else {
-                Err(HarnessError::Usage(format!(
-                    "'{v}' is not a variant of a kv experiment (it has: calculator)"
-                )))
-            }
-        },
+        variant: |v| one_of("kv", VARIANTS, v),
         run,
         render,
     }),
     replay: None,
 };
 
-fn variants() -> Vec<VariantInfo> {
-    vec![VariantInfo {
-        family: "kv",
-        name: "calculator",
-        device: "cpu",
-        about: "bytes of K and V per token and per session, by attention layout and cache dtype",
-    }]
-}
+/// The variants of this family's experiments.
+pub const VARIANTS: &[kernel_common::VariantInfo] = &[kernel_common::VariantInfo::cpu(
+    "calculator",
+    "bytes of K and V per token and per session, by attention layout and cache dtype",
+)];
 
 /// Grid keys a kv (KV-cache calculator) experiment understands.
 pub const GRID_KEYS: &[(&str, &str)] = &[

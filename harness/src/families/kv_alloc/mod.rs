@@ -5,7 +5,7 @@
 //! sharing. No model runs: the numbers are the allocators' arithmetic, exactly reproducible.
 
 use crate::error::{HarnessError, Result};
-use crate::family::{ExpFamily, Family, VariantInfo};
+use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
@@ -20,47 +20,29 @@ use std::path::Path;
 pub const FAMILY: Family = Family {
     name: "kv_alloc",
     about: "KV-cache allocation simulated under a budget: contiguous vs paged, prefix sharing",
-    variants,
+    variants: || listed("kv_alloc", VARIANTS),
     check: None,
     exp: Some(ExpFamily {
         grid_keys: GRID_KEYS,
-        variant: |v| {
-            if ["contiguous", "paged", "paged+sharing"].contains(&v) {
-                Ok(())
-            } else {
-                Err(HarnessError::Usage(format!(
-                    "'{v}' is not a variant of a kv_alloc experiment (it has: contiguous, paged, paged+sharing)"
-                )))
-            }
-        },
+        variant: |v| one_of("kv_alloc", VARIANTS, v),
         run,
         render,
     }),
     replay: None,
 };
 
-fn variants() -> Vec<VariantInfo> {
-    vec![
-        VariantInfo {
-            family: "kv_alloc",
-            name: "contiguous",
-            device: "cpu",
-            about: "one max-length region per request (reserve prompt + max_new)",
-        },
-        VariantInfo {
-            family: "kv_alloc",
-            name: "paged",
-            device: "cpu",
-            about: "blocks on demand from a shared pool",
-        },
-        VariantInfo {
-            family: "kv_alloc",
-            name: "paged+sharing",
-            device: "cpu",
-            about: "paged, with the system prompt's blocks shared copy-on-write",
-        },
-    ]
-}
+/// The variants of this family's experiments.
+pub const VARIANTS: &[kernel_common::VariantInfo] = &[
+    kernel_common::VariantInfo::cpu(
+        "contiguous",
+        "one max-length region per request (reserve prompt + max_new)",
+    ),
+    kernel_common::VariantInfo::cpu("paged", "blocks on demand from a shared pool"),
+    kernel_common::VariantInfo::cpu(
+        "paged+sharing",
+        "paged, with the system prompt's blocks shared copy-on-write",
+    ),
+];
 
 /// Grid keys a kv_alloc (allocation simulation) experiment understands.
 pub const GRID_KEYS: &[(&str, &str)] = &[

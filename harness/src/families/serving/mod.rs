@@ -7,7 +7,7 @@
 //! greedily. Reported: throughput, TTFT and TPOT p50/p99, latency, batch size, preemptions.
 
 use crate::error::{HarnessError, Result};
-use crate::family::{ExpFamily, Family, VariantInfo};
+use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
@@ -23,33 +23,22 @@ use std::time::Instant;
 pub const FAMILY: Family = Family {
     name: "serving",
     about: "static, dynamic and continuous batching of a real model under Poisson load",
-    variants,
+    variants: || listed("serving", VARIANTS),
     check: None,
     exp: Some(ExpFamily {
         grid_keys: GRID_KEYS,
-        variant: |v| {
-            if ["engine"].contains(&v) {
-                Ok(())
-            } else {
-                Err(HarnessError::Usage(format!(
-                    "'{v}' is not a variant of a serving experiment (it has: engine)"
-                )))
-            }
-        },
+        variant: |v| one_of("serving", VARIANTS, v),
         run,
         render,
     }),
     replay: None,
 };
 
-fn variants() -> Vec<VariantInfo> {
-    vec![VariantInfo {
-        family: "serving",
-        name: "engine",
-        device: "cpu",
-        about: "the continuous-batching engine over the paged KV cache (modes in the grid)",
-    }]
-}
+/// The variants of this family's experiments.
+pub const VARIANTS: &[kernel_common::VariantInfo] = &[kernel_common::VariantInfo::cpu(
+    "engine",
+    "the continuous-batching engine over the paged KV cache (modes in the grid)",
+)];
 
 /// Grid keys a serving (batching) experiment understands.
 pub const GRID_KEYS: &[(&str, &str)] = &[

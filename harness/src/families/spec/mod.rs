@@ -3,8 +3,7 @@
 //! paths) against f64; its experiments run the speculative driver end to end on a real model
 //! against plain decoding in the same process.
 
-use crate::error::HarnessError;
-use crate::family::{listed, ExpFamily, Family, VariantInfo};
+use crate::family::{listed, one_of, ExpFamily, Family, VariantInfo};
 
 /// `harness check --family spec`: tree attention.
 pub mod check;
@@ -18,29 +17,22 @@ pub const FAMILY: Family = Family {
     check: Some(check::check),
     exp: Some(ExpFamily {
         grid_keys: GRID_KEYS,
-        variant: |v| {
-            if v == "driver" {
-                Ok(())
-            } else {
-                Err(HarnessError::Usage(format!(
-                    "'{v}' is not a variant of a spec experiment (it has: driver)"
-                )))
-            }
-        },
+        variant: |v| one_of("spec", DRIVER, v),
         run: exp::run,
         render: exp::render,
     }),
     replay: None,
 };
 
+/// The variant of spec experiments.
+const DRIVER: &[kernel_common::VariantInfo] = &[kernel_common::VariantInfo::cpu(
+    "driver",
+    "the speculative decoding driver on a real model (draft, one tree-masked target pass, verify), against plain decoding; the variant of spec experiments",
+)];
+
 fn variants() -> Vec<VariantInfo> {
     let mut v = listed("spec", spec_kernels::VARIANTS);
-    v.push(VariantInfo {
-        family: "spec",
-        name: "driver",
-        device: "cpu",
-        about: "the speculative decoding driver on a real model (draft, one tree-masked target pass, verify), against plain decoding; the variant of spec experiments",
-    });
+    v.extend(listed("spec", DRIVER));
     v
 }
 
