@@ -69,7 +69,7 @@ pub fn require_device(
     if let Device::Cuda(n) = device {
         // Driver, device and NVRTC, each missing one named in one line; opens the context
         // that the CUDA variants use.
-        kernel_common::cuda::CudaRuntime::get(n)?;
+        kernel_cuda::CudaRuntime::get(n)?;
         if !supports.any(|s| s.is_ok()) {
             return Err(HarnessError::Usage(format!(
                 "{device} is present but no variant asked for has a CUDA implementation yet; use --device cpu"
@@ -80,13 +80,13 @@ pub fn require_device(
 }
 
 /// Every family's CUDA sources, in family order: what the CI compile check compiles.
-pub fn cuda_sources() -> Vec<kernel_common::cuda::KernelSource> {
+pub fn cuda_sources() -> Vec<kernel_cuda::KernelSource> {
     vec![
         attention_kernels::cuda::SOURCE,
         paged_kernels::cuda::SOURCE,
         moe_kernels::cuda::SOURCE,
         quant_kernels::cuda::SOURCE,
         spec_kernels::cuda::SOURCE,
-        kernel_common::cuda::roofline::SOURCE,
+        kernel_cuda::roofline::SOURCE,
     ]
 }

@@ -277,7 +277,7 @@ fn cuda_roofline_sizes() -> Result<(usize, usize)> {
 /// own tensor-core GEMM (roofline.cu: mma.sync, not cuBLAS, so a lower bound on the chip's);
 /// `cpu_model` names the GPU and `threads` counts its multiprocessors.
 pub fn measure_cuda(ordinal: usize) -> Result<Roofline> {
-    use kernel_common::cuda::{roofline as dev, CudaRuntime};
+    use kernel_cuda::{roofline as dev, CudaRuntime};
     let (copy_bytes, gemm_n) = cuda_roofline_sizes()?;
     let rt = CudaRuntime::get(ordinal)?;
     let read_gbps = dev::copy_gbps(&rt, copy_bytes, 20)?;

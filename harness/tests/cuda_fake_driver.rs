@@ -6,8 +6,8 @@
 //! the CPU references. Times from it mean nothing. Skips without gcc/g++ or NVRTC, unless
 //! WORKBENCH_REQUIRE_NVRTC is set (CI).
 
-use kernel_common::cuda::emu::{unavailable, EmuModule};
-use kernel_common::cuda::nvrtc::{include_dirs, nvrtc_present};
+use kernel_cuda::nvrtc::{include_dirs, nvrtc_present};
+use kernel_test_support::emu::{unavailable, EmuModule};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

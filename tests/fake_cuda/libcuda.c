@@ -1,7 +1,7 @@
 /* libcuda.c: a stand-in for the CUDA driver library, for tests on machines without a GPU.
  * It implements the driver entry points cudarc calls on the workbench's path with host
  * memory (device pointers are host addresses) and runs kernels on the CPU emulator: every
- * library listed in $WORKBENCH_EMU_LIBS (built by kernel_common::cuda::emu) exports
+ * library listed in $WORKBENCH_EMU_LIBS (built by kernel_test_support::emu) exports
  * emu_has/emu_run, and cuLaunchKernel hands the kernel's name, grid, block and argument array
  * to the one that has it. Events read the host clock. One device, "compute capability 9.0",
  * 132 SMs, no memory pools. It proves the host side (NVRTC, module loading, argument

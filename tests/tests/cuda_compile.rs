@@ -4,8 +4,8 @@
 //! wheels; `.ci/run` does, and sets WORKBENCH_REQUIRE_NVRTC so a missing install fails);
 //! without them the test prints why and passes without checking. No GPU is needed.
 
-use kernel_common::cuda::check::{compile_check, resources_csv};
-use kernel_common::cuda::nvrtc::{include_dirs, nvrtc_present};
+use kernel_cuda::nvrtc::{include_dirs, nvrtc_present};
+use kernel_test_support::check::{compile_check, resources_csv};
 
 #[test]
 fn every_cuda_source_compiles_without_spills() {

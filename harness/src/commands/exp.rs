@@ -20,7 +20,7 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     let cuda = matches!(opts.device, Device::Cuda(_));
     if let Device::Cuda(n) = opts.device {
         // Driver, GPU and NVRTC first: each missing one is named in one line.
-        kernel_common::cuda::CudaRuntime::get(n)?;
+        kernel_cuda::CudaRuntime::get(n)?;
     }
     if let (true, Some(limits)) = (cuda, spec.cuda_limits.clone()) {
         spec.limits = limits;

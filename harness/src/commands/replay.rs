@@ -69,7 +69,7 @@ pub fn run(opts: &ReplayOptions) -> Result<i32> {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));
     }
     if let Device::Cuda(n) = opts.device {
-        kernel_common::probe_cuda(n)?;
+        kernel_cuda::probe_cuda(n)?;
         return Err(HarnessError::Usage(format!(
             "{} is present, but replay drives the CPU variants only (the cuda_ variants run under check and exp); use --device cpu",
             opts.device

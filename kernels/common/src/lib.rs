@@ -1,13 +1,12 @@
-//! Shared pieces of every kernel family: storage dtypes, the one error type, seeded random
+//! The vocabulary every kernel family shares: storage dtypes, the one error type, seeded random
 //! inputs, minimum-traffic cost accounting, error metrics with the per-dtype tolerance table,
-//! and the device probe. (The CPU primitives — ISA tiers, SIMD, row products, GEMMs — are the
-//! `kernel-cpu` crate.)
+//! variant specs and the device enum. (The CPU primitives — ISA tiers, SIMD, row products,
+//! GEMMs — are the `kernel-cpu` crate; the CUDA runtime and the driver probe are `kernel-cuda`;
+//! the CPU emulator and the compile check used by tests are `kernel-test-support`.)
 
 /// Minimum-traffic byte/FLOP accounting used for GB/s, GFLOP/s and % of roofline.
 pub mod cost;
-/// NVRTC compilation, ptxas resource reports, launch arithmetic and the CUDA runtime.
-pub mod cuda;
-/// The CPU/CUDA device enum and the driver probe (cudarc panics without a driver).
+/// The CPU/CUDA device enum.
 pub mod device;
 /// Storage dtypes (f32, f16, bf16) and the typed buffer every kernel reads and writes.
 pub mod dtype;
@@ -21,8 +20,7 @@ pub mod metrics;
 pub mod variant;
 
 pub use cost::Cost;
-pub use cudarc;
-pub use device::{probe_cuda, CudaInfo, Device};
+pub use device::Device;
 pub use dtype::{Buffer, DType, Element};
 pub use error::KernelError;
 pub use metrics::{tolerance, ErrorStats, Tolerance};

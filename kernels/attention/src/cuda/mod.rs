@@ -5,15 +5,16 @@
 //! and time with CUDA events.
 
 use crate::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
-use kernel_common::cuda::{
+use kernel_common::error::Result;
+use kernel_common::{Buffer, Cost, DType, Device, KernelError};
+use kernel_cuda::cuda_launch;
+use kernel_cuda::{
     blocks_for, dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch,
 };
-use kernel_common::error::Result;
-use kernel_common::{cuda_launch, Buffer, Cost, DType, Device, KernelError};
 use std::sync::Arc;
 
 /// `attention.cu` with its entry points.
-pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+pub const SOURCE: KernelSource = kernel_cuda::cuda_source!(
     "attention",
     "attention.cu",
     &[
@@ -217,13 +218,13 @@ impl AttentionKernel for CudaAttention {
 struct PreparedCuda {
     rt: Arc<CudaRuntime>,
     plan: AttentionPlan,
-    functions: Vec<kernel_common::cudarc::driver::CudaFunction>,
+    functions: Vec<kernel_cuda::cudarc::driver::CudaFunction>,
     shape: AttentionShape,
     q: DeviceBuffer,
     k: DeviceBuffer,
     v: DeviceBuffer,
     o: DeviceBuffer,
-    scores: kernel_common::cudarc::driver::CudaSlice<u8>,
+    scores: kernel_cuda::cudarc::driver::CudaSlice<u8>,
 }
 
 impl PreparedCuda {

@@ -4,16 +4,17 @@
 //! the CPU on the same inputs.
 
 use crate::config::{DropPolicy, MoeConfig, WeightNorm};
-use kernel_common::cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes, i32_from_bytes};
-use kernel_common::cuda::{
+use kernel_common::error::Result;
+use kernel_common::{Buffer, KernelError};
+use kernel_cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes, i32_from_bytes};
+use kernel_cuda::cuda_launch;
+use kernel_cuda::cudarc::driver::CudaSlice;
+use kernel_cuda::{
     blocks_for, dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch,
 };
-use kernel_common::cudarc::driver::CudaSlice;
-use kernel_common::error::Result;
-use kernel_common::{cuda_launch, Buffer, KernelError};
 
 /// `moe.cu` with its entry points.
-pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+pub const SOURCE: KernelSource = kernel_cuda::cuda_source!(
     "moe",
     "moe.cu",
     &[

@@ -9,15 +9,16 @@ use crate::decode::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use attention_kernels::cuda::{cuda_only, CUDA_HEAD_DIMS};
 use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
-use kernel_common::cuda::buffer::{buffer_bytes, buffer_from_bytes, i32_bytes};
-use kernel_common::cuda::{dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch};
-use kernel_common::cudarc::driver::{CudaFunction, CudaSlice};
 use kernel_common::error::Result;
-use kernel_common::{cuda_launch, Buffer, Cost, DType, Device, KernelError};
+use kernel_common::{Buffer, Cost, DType, Device, KernelError};
+use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, i32_bytes};
+use kernel_cuda::cuda_launch;
+use kernel_cuda::cudarc::driver::{CudaFunction, CudaSlice};
+use kernel_cuda::{dtype_suffix, int_arg, CudaRuntime, DeviceBuffer, KernelSource, Launch};
 use std::sync::Arc;
 
 /// `paged.cu` with its entry points.
-pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+pub const SOURCE: KernelSource = kernel_cuda::cuda_source!(
     "paged",
     "paged.cu",
     &[

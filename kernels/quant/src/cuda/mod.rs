@@ -4,15 +4,16 @@
 
 use crate::format::{ScaleType, WeightFormat};
 use crate::matrix::QuantMatrix;
-use kernel_common::cuda::buffer::{f32_bytes, f32_from_bytes};
-use kernel_common::cuda::{blocks_for, int_arg, CudaRuntime, KernelSource, Launch};
-use kernel_common::cudarc::driver::{CudaFunction, CudaSlice};
 use kernel_common::error::Result;
-use kernel_common::{cuda_launch, KernelError};
+use kernel_common::KernelError;
+use kernel_cuda::buffer::{f32_bytes, f32_from_bytes};
+use kernel_cuda::cuda_launch;
+use kernel_cuda::cudarc::driver::{CudaFunction, CudaSlice};
+use kernel_cuda::{blocks_for, int_arg, CudaRuntime, KernelSource, Launch};
 use std::sync::Arc;
 
 /// `quant.cu` with its entry points.
-pub const SOURCE: KernelSource = kernel_common::cuda_source!(
+pub const SOURCE: KernelSource = kernel_cuda::cuda_source!(
     "quant",
     "quant.cu",
     &["gemv_f16", "gemv_sym4g32", "gemv_q4_0", "gemv_q8_0"]

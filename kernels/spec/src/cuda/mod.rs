@@ -3,14 +3,15 @@
 //! their own paths), with the tree mask uploaded as bytes.
 
 use crate::attention::{check, TreeAttnShape, TreeContext};
-use kernel_common::cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes};
-use kernel_common::cuda::{blocks_for, int_arg, CudaRuntime, KernelSource, Launch};
 use kernel_common::error::Result;
-use kernel_common::{cuda_launch, Buffer, KernelError};
+use kernel_common::{Buffer, KernelError};
+use kernel_cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes};
+use kernel_cuda::cuda_launch;
+use kernel_cuda::{blocks_for, int_arg, CudaRuntime, KernelSource, Launch};
 
 /// `spec.cu` with its entry point.
 pub const SOURCE: KernelSource =
-    kernel_common::cuda_source!("spec", "spec.cu", &["tree_attention_f32"]);
+    kernel_cuda::cuda_source!("spec", "spec.cu", &["tree_attention_f32"]);
 
 /// Most head_dim the kernel takes (4 elements per lane).
 pub const MAX_HEAD_DIM: usize = 128;

@@ -1,7 +1,7 @@
 //! Host-side launch arithmetic shared by every CUDA family: grid sizes, shared-memory budgets
 //! and argument narrowing. Pure functions, unit-tested on the CPU.
 
-use crate::error::{KernelError, Result};
+use kernel_common::error::{KernelError, Result};
 
 /// Shared memory a block may use without the opt-in attribute (48 KiB on every CUDA GPU).
 pub const DEFAULT_SMEM_LIMIT: usize = 48 * 1024;

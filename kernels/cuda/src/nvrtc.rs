@@ -3,9 +3,9 @@
 //! compile check records). Headers (`cuda_fp16.h`, `cuda_bf16.h`, `math_constants.h`) are
 //! found by `include_dirs`; NVRTC itself is `dlopen`ed, so call `nvrtc_present` first.
 
-use super::KernelSource;
-use crate::error::{KernelError, Result};
+use crate::KernelSource;
 use cudarc::nvrtc::{result, sys};
+use kernel_common::error::{KernelError, Result};
 use std::ffi::CString;
 use std::path::PathBuf;
 

@@ -2,10 +2,10 @@
 //! `compute_90` (what the runtime loads on an H100/H200) and to an `sm_90` cubin with ptxas'
 //! resource report; any compile error, missing entry point or register spill fails it.
 
-use super::nvrtc::{compile, nvrtc_version};
-use super::resources::{parse_ptxas_report, KernelResources};
-use super::KernelSource;
-use crate::error::{KernelError, Result};
+use kernel_common::error::{KernelError, Result};
+use kernel_cuda::nvrtc::{compile, nvrtc_version};
+use kernel_cuda::resources::{parse_ptxas_report, KernelResources};
+use kernel_cuda::KernelSource;
 
 /// The PTX target of the compile check.
 pub const CHECK_PTX_ARCH: &str = "compute_90";

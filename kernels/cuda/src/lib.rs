@@ -1,18 +1,18 @@
-//! The CUDA side shared by every kernel family: `.cu` sources as `KernelSource`s (embedded
-//! with `include_str!` by each family), NVRTC compilation (`nvrtc`), ptxas resource reports
-//! (`resources`), launch arithmetic (`launch`) and the per-process context, module cache and
-//! event timing (`runtime`). Nothing here touches the driver before `probe_cuda` found it.
+//! The CUDA runtime shared by every kernel family: `.cu` sources as `KernelSource`s (embedded
+//! with the prelude by each family's `cuda_source!`), NVRTC compilation (`nvrtc`), ptxas
+//! resource reports (`resources`), launch arithmetic (`launch`), the driver probe (`probe`)
+//! and the per-process context, module cache and event timing (`runtime`). Nothing here
+//! touches the driver before `probe_cuda` found it. (The CPU emulator and the CI compile check
+//! are `kernel-test-support`, used by tests only.)
 
 /// Typed buffers on the device (bytes, NaN-poisoned outputs).
 pub mod buffer;
-/// The CI compile check: PTX and sm_90 cubins, resource rows, spills fail.
-pub mod check;
-/// CPU emulation of the kernels (g++ + coroutines) for tests without a GPU.
-pub mod emu;
 /// Host-side launch arithmetic (grids, shared-memory budgets, int arguments).
 pub mod launch;
 /// NVRTC compilation to PTX or to a cubin with ptxas' resource report.
 pub mod nvrtc;
+/// The driver probe: libcuda present, device count, the device's name.
+pub mod probe;
 /// Parsing ptxas' `-v` report.
 pub mod resources;
 /// The device's copy bandwidth and tensor-core GEMM rate (`harness roofline --device cuda`).
@@ -21,9 +21,15 @@ pub mod roofline;
 pub mod runtime;
 
 pub use buffer::DeviceBuffer;
+pub use cudarc;
 pub use launch::{blocks_for, int_arg, Launch};
+pub use probe::{probe_cuda, CudaInfo};
 pub use resources::{parse_ptxas_report, KernelResources};
 pub use runtime::CudaRuntime;
+
+/// For the macros: `cuda_launch!` names the error type through this path.
+#[doc(hidden)]
+pub use kernel_common as __common;
 
 /// One `.cu` file of a family: its name, its text and its `extern "C"` entry points.
 #[derive(Debug, Clone, Copy)]
@@ -39,11 +45,11 @@ pub struct KernelSource {
 }
 
 /// The dtype suffix of an entry point (`{kernel}_{dtype}`).
-pub fn dtype_suffix(dtype: crate::DType) -> &'static str {
+pub fn dtype_suffix(dtype: kernel_common::DType) -> &'static str {
     match dtype {
-        crate::DType::F32 => "f32",
-        crate::DType::F16 => "f16",
-        crate::DType::BF16 => "bf16",
+        kernel_common::DType::F32 => "f32",
+        kernel_common::DType::F16 => "f16",
+        kernel_common::DType::BF16 => "bf16",
     }
 }
 
@@ -76,13 +82,13 @@ pub const PRELUDE: &str = include_str!("prelude.cuh");
 #[macro_export]
 macro_rules! cuda_source {
     ($family:literal, $file:literal, $entries:expr) => {
-        $crate::cuda::KernelSource {
+        $crate::KernelSource {
             family: $family,
             file: $file,
             code: concat!(
                 include_str!(concat!(
                     env!("CARGO_MANIFEST_DIR"),
-                    "/../common/src/cuda/prelude.cuh"
+                    "/../cuda/src/prelude.cuh"
                 )),
                 include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/cuda/", $file))
             ),
@@ -103,6 +109,6 @@ macro_rules! cuda_launch {
         // SAFETY: the arguments follow the entry point's signature in its .cu file.
         unsafe { builder.launch(config) }
             .map(|_| ())
-            .map_err(|e| $crate::KernelError::DeviceFailure(format!("CUDA launch: {e}")))
+            .map_err(|e| $crate::__common::KernelError::DeviceFailure(format!("CUDA launch: {e}")))
     }};
 }

@@ -1,11 +1,11 @@
 //! A typed `Buffer` on the device: its bytes in one `CudaSlice<u8>` (kernels take typed
 //! pointers; f16/bf16 travel as their bit patterns), uploaded and downloaded as a whole.
 
-use super::runtime::CudaRuntime;
-use crate::dtype::{Buffer, DType};
-use crate::error::Result;
+use crate::runtime::CudaRuntime;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
+use kernel_common::dtype::{Buffer, DType};
+use kernel_common::error::Result;
 
 /// A device copy of a `Buffer`.
 pub struct DeviceBuffer {

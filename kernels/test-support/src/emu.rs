@@ -4,8 +4,8 @@
 //! and launched by entry name with the grid, block and arguments the host plans give. It
 //! checks what the kernels compute, not how fast, and not the memory model.
 
-use super::{KernelSource, Launch};
-use crate::error::{KernelError, Result};
+use kernel_common::error::{KernelError, Result};
+use kernel_cuda::{KernelSource, Launch};
 use std::ffi::{c_char, c_void, CString};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;

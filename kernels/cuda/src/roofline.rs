@@ -4,16 +4,22 @@
 //! against an f64 host product on sampled entries before it is timed). Both timed with CUDA
 //! events, median of the repetitions.
 
-use super::buffer::f32_from_bytes;
-use super::runtime::{driver, CudaRuntime};
-use super::{KernelSource, Launch};
-use crate::error::{KernelError, Result};
-use crate::inputs::{derive_seed, normal_buffer_par};
-use crate::DType;
+use crate::buffer::f32_from_bytes;
+use crate::runtime::{driver, CudaRuntime};
+use crate::{KernelSource, Launch};
 use half::bf16;
+use kernel_common::error::{KernelError, Result};
+use kernel_common::inputs::{derive_seed, normal_buffer_par};
+use kernel_common::DType;
 
-/// `roofline.cu`.
-pub const SOURCE: KernelSource = crate::cuda_source!("roofline", "roofline.cu", &["gemm_bf16"]);
+/// `roofline.cu`, with the prelude prepended (what `cuda_source!` does for the families, whose
+/// `.cu` files live in their own `src/cuda/`).
+pub const SOURCE: KernelSource = KernelSource {
+    family: "roofline",
+    file: "roofline.cu",
+    code: concat!(include_str!("prelude.cuh"), include_str!("roofline.cu")),
+    entries: &["gemm_bf16"],
+};
 
 /// GEMM tile sizes (`GB_M`, `GB_N`, `GB_K` in roofline.cu).
 pub const GEMM_TILE: (usize, usize, usize) = (128, 128, 32);
@@ -66,14 +72,14 @@ pub fn gemm_bf16_gflops(rt: &CudaRuntime, n: usize, reps: usize, seed: u64) -> R
     let launch = plan_gemm(n, n, n)?;
     let f = rt.function(&SOURCE, "gemm_bf16")?;
     let random = |i| match normal_buffer_par(derive_seed(seed, i), DType::BF16, n * n) {
-        crate::Buffer::BF16(v) => v,
+        kernel_common::Buffer::BF16(v) => v,
         _ => unreachable!("asked for bf16"),
     };
     let (a, b): (Vec<bf16>, Vec<bf16>) = (random(1), random(2));
-    let ad = rt.upload(&super::bf16_bits(&a))?;
-    let bd = rt.upload(&super::bf16_bits(&b))?;
+    let ad = rt.upload(&crate::bf16_bits(&a))?;
+    let bd = rt.upload(&crate::bf16_bits(&b))?;
     let mut cd = rt.upload(&vec![0xffu8; n * n * 4])?;
-    let ni = super::int_arg("n", n)?;
+    let ni = crate::int_arg("n", n)?;
     crate::cuda_launch!(rt, f, launch, &ad, &bd, &mut cd, &ni, &ni, &ni)?;
     rt.sync()?;
     let c = f32_from_bytes(&rt.download(&cd)?);

@@ -2,13 +2,13 @@
 //! `.cu` compiled by NVRTC for the device's own `compute_XY` at first use), device buffers of
 //! plain element types, and timing with CUDA events.
 
-use super::nvrtc;
-use super::KernelSource;
-use crate::device::probe_cuda;
-use crate::error::{KernelError, Result};
+use crate::nvrtc;
+use crate::probe::probe_cuda;
+use crate::KernelSource;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
 };
+use kernel_common::error::{KernelError, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

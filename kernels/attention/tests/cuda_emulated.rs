@@ -1,0 +1,83 @@
+//! The attention CUDA kernels (naive, flash2, flash2p), run by the CPU emulator
+//! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, warp shuffles and the
+//! m16n8k16 MMA from its fragment layout),
+//! against the same f64 references the CPU variants answer to, with launch shapes from the
+//! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
+//! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
+
+use attention_kernels::cuda::{plan, CudaAlgo, FLASH2_BLOCK_ROWS};
+use attention_kernels::reference::attention;
+use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_common::inputs::derive_seed;
+use kernel_common::{tolerance, DType};
+use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes};
+use kernel_test_support::emu::Arg;
+use kernel_test_support::emulated::{assert_close, module, nan_bytes};
+
+#[test]
+fn attention_naive_and_flash2_match_the_reference() {
+    let Some(m) = module(&attention_kernels::cuda::SOURCE) else {
+        return;
+    };
+    let shapes = [
+        AttentionShape::new(2, 4, 2, 70, 70, 64, true),
+        AttentionShape::new(1, 2, 2, 1, 130, 128, true),
+        AttentionShape::new(1, 4, 1, 33, 97, 64, false),
+        AttentionShape::new(1, 2, 1, 5, 200, 128, true),
+        AttentionShape::new(1, 2, 2, 129, 129, 128, true),
+    ];
+    for (i, shape) in shapes.iter().enumerate() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let inputs = AttentionInputs::random(shape, dtype, derive_seed(7, i as u64));
+            let want = attention(shape, &inputs);
+            let (q, k, v) = (
+                buffer_bytes(&inputs.q),
+                buffer_bytes(&inputs.k),
+                buffer_bytes(&inputs.v),
+            );
+            let ints = |x: usize| Arg::I32(x as i32);
+            for algo in [CudaAlgo::Naive, CudaAlgo::Flash2, CudaAlgo::Flash2Pipelined] {
+                let Ok(p) = plan(algo, shape, dtype) else {
+                    assert!(algo != CudaAlgo::Naive && dtype == DType::F32);
+                    continue;
+                };
+                let mut o = nan_bytes(dtype, shape.q_elems());
+                let mut scores = vec![0u8; p.workspace_bytes];
+                for l in &p.launches {
+                    let s = shape;
+                    let mut args: Vec<Arg> = if l.entry.starts_with("flash2") {
+                        vec![Arg::In(&q), Arg::In(&k), Arg::In(&v), Arg::Out(&mut o)]
+                    } else if l.entry.starts_with("naive_scores") {
+                        vec![Arg::In(&q), Arg::In(&k), Arg::Out(&mut scores)]
+                    } else if l.entry == "naive_softmax_f32" {
+                        let rows = (s.batch * s.q_heads * s.q_len) as i64;
+                        vec![Arg::Out(&mut scores), Arg::I64(rows), ints(s.kv_len)]
+                    } else {
+                        vec![Arg::In(&scores), Arg::In(&v), Arg::Out(&mut o)]
+                    };
+                    if l.entry.starts_with("flash2") || l.entry.starts_with("naive_scores") {
+                        args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
+                        args.push(ints(s.kv_len));
+                        if l.entry.starts_with("naive_scores") {
+                            args.push(ints(s.head_dim));
+                        }
+                        args.extend([Arg::I32(s.causal as i32), Arg::F32(s.scale)]);
+                    } else if l.entry.starts_with("naive_pv") {
+                        args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
+                        args.extend([ints(s.kv_len), ints(s.head_dim)]);
+                    }
+                    m.launch(&l.entry, l.launch, &mut args)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                }
+                let got = buffer_from_bytes(dtype, &o).to_f32();
+                assert_close(
+                    &format!("{algo:?} {} {dtype}", shape.label()),
+                    &got,
+                    &want,
+                    tolerance(dtype),
+                );
+            }
+        }
+    }
+    assert_eq!(FLASH2_BLOCK_ROWS, 64);
+}

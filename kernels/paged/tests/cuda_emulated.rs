@@ -1,0 +1,209 @@
+//! The paged CUDA kernels (decode, split-KV reduction, append), run by the CPU emulator
+//! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, warp shuffles),
+//! against the same f64 references the CPU variants answer to, with launch shapes from the
+//! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
+//! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
+
+use kernel_common::inputs::{normal_buffer, rng};
+use kernel_common::{tolerance, Buffer, DType};
+use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, f32_bytes, i32_bytes};
+use kernel_cuda::Launch;
+use kernel_test_support::emu::{Arg, EmuModule};
+use kernel_test_support::emulated::{assert_close, module, nan_bytes};
+use paged_kernels::cuda::{flat_tables, plan_decode, slots};
+use paged_kernels::{append, KvPool, PagedCaseSpec, PoolLayout, SplitKv};
+use rand::seq::SliceRandom;
+
+/// Runs the decode (and the reduction) of `plan_decode` on the emulator.
+fn emulated_decode(
+    m: &EmuModule,
+    case: &paged_kernels::PagedCase,
+    split: SplitKv,
+    unroll: usize,
+) -> Vec<f32> {
+    let dtype = case.pool.dtype();
+    let lens = &case.batch.context_lens;
+    let p = plan_decode(&case.shape, lens, dtype, split, unroll, 132).unwrap();
+    let (tables, width) = flat_tables(&case.batch.block_tables);
+    let lens: Vec<i32> = case.batch.context_lens.iter().map(|&l| l as i32).collect();
+    let (kp, vp, q) = (
+        buffer_bytes(&case.pool.k),
+        buffer_bytes(&case.pool.v),
+        buffer_bytes(&case.q),
+    );
+    let (tb, lb) = (i32_bytes(&tables), i32_bytes(&lens));
+    let mut out = nan_bytes(dtype, case.q.len());
+    let mut part_o = f32_bytes(&vec![f32::NAN; p.partial_elems.max(1)]);
+    let mut part_lse = f32_bytes(&vec![f32::NAN; p.lse_elems.max(1)]);
+    let s = &case.shape;
+    let i = |x: usize| Arg::I32(x as i32);
+    let l = case.pool.layout;
+    m.launch(
+        &p.decode_entry,
+        p.decode,
+        &mut [
+            Arg::In(&q),
+            Arg::In(&kp),
+            Arg::In(&vp),
+            Arg::In(&tb),
+            Arg::In(&lb),
+            Arg::Out(&mut out),
+            Arg::Out(&mut part_o),
+            Arg::Out(&mut part_lse),
+            i(case.batch.len()),
+            i(s.q_heads),
+            i(s.kv_heads),
+            i(s.q_len),
+            i(l.block_size),
+            i(width),
+            i(p.part_tokens),
+            i(p.row_chunks),
+            Arg::F32(s.scale),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    if let Some((entry, launch)) = &p.reduce {
+        m.launch(
+            entry,
+            *launch,
+            &mut [
+                Arg::In(&part_o),
+                Arg::In(&part_lse),
+                Arg::In(&lb),
+                Arg::Out(&mut out),
+                i(case.batch.len()),
+                i(s.q_heads),
+                i(s.q_len),
+                i(s.head_dim),
+                i(p.part_tokens),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    buffer_from_bytes(dtype, &out).to_f32()
+}
+
+#[test]
+fn paged_decode_unsplit_and_split_match_the_reference() {
+    let Some(m) = module(&paged_kernels::cuda::SOURCE) else {
+        return;
+    };
+    let spec =
+        |lens: Vec<usize>, bs, kv_heads, group, head_dim, q_len, dtype, seed| PagedCaseSpec {
+            context_lens: lens,
+            block_size: bs,
+            kv_heads,
+            group,
+            head_dim,
+            q_len,
+            dtype,
+            spare_blocks: 3,
+            seed,
+        };
+    let cases = [
+        spec(vec![54, 97, 577], 16, 2, 4, 128, 1, DType::F32, 1),
+        spec(vec![300, 1], 1, 1, 8, 64, 1, DType::F16, 2),
+        spec(vec![130, 77], 32, 2, 2, 128, 3, DType::BF16, 3),
+        // MQA with 9 query heads × 2 new tokens = 18 rows: two row chunks.
+        spec(vec![40], 4, 1, 9, 64, 2, DType::F32, 4),
+    ];
+    for s in &cases {
+        let case = s.build().unwrap();
+        let want = case.reference().unwrap();
+        for (split, unroll) in [
+            (SplitKv::Off, 1),
+            (SplitKv::Tokens(37), 1),
+            (SplitKv::Auto, 1),
+            (SplitKv::Off, 2),
+            (SplitKv::Tokens(37), 2),
+        ] {
+            let got = emulated_decode(&m, &case, split, unroll);
+            assert_close(
+                &format!("{} {split:?} unroll {unroll}", case.label()),
+                &got,
+                &want,
+                tolerance(s.dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn paged_append_writes_exactly_the_slots() {
+    let Some(m) = module(&paged_kernels::cuda::SOURCE) else {
+        return;
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let layout = PoolLayout {
+            num_blocks: 9,
+            block_size: 4,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let mut r = rng(11);
+        let mut table: Vec<u32> = (0..9).collect();
+        table.shuffle(&mut r);
+        let (start, n) = (3, 13);
+        // The CPU append takes [kv_heads, n, d]; the kernel [n, kv_heads, d].
+        let k = normal_buffer(&mut r, dtype, 2 * n * 64);
+        let v = normal_buffer(&mut r, dtype, 2 * n * 64);
+        let mut want = KvPool::poisoned(layout, dtype).unwrap();
+        append(&mut want, &table, start, &k, &v).unwrap();
+        let to_tokens = |b: &Buffer| -> Vec<u8> {
+            let f = b.to_f32();
+            let mut t = Vec::with_capacity(f.len());
+            for pos in 0..n {
+                for h in 0..2 {
+                    t.extend_from_slice(&f[(h * n + pos) * 64..(h * n + pos + 1) * 64]);
+                }
+            }
+            buffer_bytes(&Buffer::from_f32(dtype, &t))
+        };
+        let mut sl = slots(&layout, &table, start, n).unwrap();
+        sl[5] = -1; // padding: must land nowhere
+        let mut kp = nan_bytes(dtype, 9 * layout.block_elems());
+        let mut vp = nan_bytes(dtype, 9 * layout.block_elems());
+        let (kn, vn, sb) = (to_tokens(&k), to_tokens(&v), i32_bytes(&sl));
+        let entry = format!("paged_append_{}", kernel_cuda::dtype_suffix(dtype));
+        m.launch(
+            &entry,
+            Launch::new((n, 1, 1), 128, 0).unwrap(),
+            &mut [
+                Arg::In(&kn),
+                Arg::In(&vn),
+                Arg::In(&sb),
+                Arg::Out(&mut kp),
+                Arg::Out(&mut vp),
+                Arg::I32(2),
+                Arg::I32(64),
+                Arg::I32(4),
+            ],
+        )
+        .unwrap();
+        // Equal to the CPU append everywhere but token 5's slot, which stays poisoned.
+        let (got_k, want_k) = (buffer_from_bytes(dtype, &kp).to_f32(), want.k.to_f32());
+        let skipped = layout.position_offset(&table, 0, start + 5);
+        for (i, (g, w)) in got_k.iter().zip(&want_k).enumerate() {
+            let in_skipped = (0..2).any(|h| {
+                let at = layout.position_offset(&table, h, start + 5);
+                (at..at + 64).contains(&i)
+            });
+            if in_skipped {
+                assert!(
+                    g.is_nan(),
+                    "padding token written at {i} (slot at {skipped})"
+                );
+            } else {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "K {i}"
+                );
+            }
+        }
+        let got_v = buffer_from_bytes(dtype, &vp).to_f32();
+        assert_eq!(
+            got_v.iter().filter(|x| !x.is_nan()).count(),
+            (n - 1) * 2 * 64
+        );
+    }
+}
