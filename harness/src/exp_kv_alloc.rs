@@ -7,8 +7,8 @@
 use crate::error::{HarnessError, Result};
 use crate::exp::{progress_bar, ExpOptions, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
-use models::kvsim::{simulate, Allocator, SimResult};
-use models::workload::Workload;
+use models::serve::kvsim::{simulate, Allocator, SimResult};
+use models::serve::workload::Workload;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

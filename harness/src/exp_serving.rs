@@ -9,7 +9,7 @@
 use crate::error::{HarnessError, Result};
 use crate::exp::{progress_bar, ExpOptions, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
-use models::workload::Workload;
+use models::serve::workload::Workload;
 use models::{load, BatchingMode, Engine, Finished, LoadOptions, SchedulerConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -11,7 +11,7 @@ use crate::exp_serving::resolve_model;
 use crate::generate::{drafter, GenerateArgs};
 use crate::spec::ExperimentSpec;
 use crate::Format;
-use models::spec::{generate, generate_plain, SpecConfig};
+use models::spec::driver::{generate, generate_plain, SpecConfig};
 use models::{load, SamplerConfig};
 use serde::{Deserialize, Serialize};
 use spec_kernels::TreeShape;

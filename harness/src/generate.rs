@@ -7,8 +7,8 @@
 
 use crate::error::{HarnessError, Result};
 use crate::Format;
-use models::spec::SpecConfig;
-use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::spec::driver::SpecConfig;
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
 use quant_kernels::WeightFormat;
 use serde::Serialize;
@@ -337,7 +337,7 @@ fn run_spec(
     let capacity = prompt_ids.len() + args.max_new_tokens + shape.max_nodes() + 1;
     let mut d = drafter(args, &loaded.model, spec, capacity)?;
     let started = Instant::now();
-    let out = models::spec::generate(
+    let out = models::spec::driver::generate(
         &loaded.model,
         d.as_mut(),
         &prompt_ids,

@@ -5,7 +5,7 @@
 //! copy-on-write. Which blocks a sequence owns is decided elsewhere (`blocks.rs`). `Session` is
 //! the batch-1 convenience: one sequence, blocks 0.. in order, for tests and plain generation.
 
-use crate::llama::{argmax, Llama, Result, SeqChunk};
+use crate::model::llama::{argmax, Llama, Result, SeqChunk};
 use kernel_common::{Buffer, DType, KernelError};
 use paged_kernels::{KvPool, PoolLayout};
 

@@ -3,9 +3,9 @@
 //! scheme; `build` checks every shape, converts to the requested weight format (`--weights`),
 //! stacks Q/K/V and gate/up, and assembles the layers. `load` picks the source from `--model`.
 
-use crate::gguf::Gguf;
-use crate::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, RopeLayout};
-use crate::tokenizer::TextTokenizer;
+use crate::model::gguf::Gguf;
+use crate::model::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, RopeLayout};
+use crate::model::tokenizer::TextTokenizer;
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
 use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
@@ -113,7 +113,7 @@ impl Default for LoadOptions {
             attention: "flash2".into(),
             weights: None,
             capacity: Capacity::Dropless,
-            matmul: crate::llama::DEFAULT_MATMUL,
+            matmul: crate::model::llama::DEFAULT_MATMUL,
         }
     }
 }
@@ -335,7 +335,7 @@ pub struct Loaded {
 pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
     let path = Path::new(model);
     if path.is_dir() {
-        let dir = crate::hf::HfCheckpoint::open(path)?;
+        let dir = crate::model::hf::HfCheckpoint::open(path)?;
         return Ok(Loaded {
             model: dir.build(opts)?,
             tokenizer: dir.tokenizer()?,
@@ -352,7 +352,7 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
         });
     }
     Ok(Loaded {
-        model: crate::presets::random_model(model, opts)?,
+        model: crate::model::presets::random_model(model, opts)?,
         tokenizer: None,
         source: format!("preset {model}"),
     })

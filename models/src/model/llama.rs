@@ -7,7 +7,7 @@
 //! each. One forward pass runs a batch of sequence chunks (prefill chunks and decode tokens of
 //! different requests together, as continuous batching needs) over a paged KV cache.
 
-use crate::kv::KvPools;
+use crate::model::kv::KvPools;
 use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
 use moe_kernels::{route, Capacity, DropPolicy, MoeConfig, WeightNorm};
