@@ -1,23 +1,27 @@
 //! The reference generation pipeline: model sources (GGUF files, Hugging Face safetensors
 //! directories, seeded random presets), the file's byte-level BPE tokenizer, a Llama/Mixtral
 //! decoder whose every projection and attention call goes through the kernel crates, a paged
-//! KV cache, and a seeded sampler.
+//! KV cache, a seeded sampler, continuous batching and speculative decoding. Three rooms whose
+//! imports run one way, `model` ← `serve` ← `spec`; the common types are re-exported here.
 
 /// The decoder, its weight sources, tokenizer and K/V pools.
 pub mod model;
-/// Running requests: block management, batching, workloads, sampling.
+/// Running requests: sessions, block management, batching, workloads, sampling.
 pub mod serve;
 /// Speculative decoding: the driver and the drafters.
 pub mod spec;
 
 pub use model::config::{preset, ModelShape, PRESETS};
+pub use model::forward::SeqChunk;
 pub use model::gguf::Gguf;
-pub use model::kv::{KvPools, Session};
-pub use model::llama::{argmax, Llama, LlamaConfig, SeqChunk};
-pub use model::load::{load, LoadOptions, Loaded};
+pub use model::kv::KvPools;
+pub use model::llama::{argmax, Llama, LlamaConfig};
+pub use model::load::{load, Loaded};
+pub use model::source::LoadOptions;
 pub use model::tokenizer::TextTokenizer;
 pub use serve::sampler::{Sampler, SamplerConfig};
 pub use serve::scheduler::{BatchingMode, Engine, Finished, Request, SchedulerConfig};
+pub use serve::session::Session;
 
 /// Where `scripts/fetch-models.sh` puts SmolLM2-135M-Instruct (Q4_1), if it has run.
 pub fn smollm2_path() -> std::path::PathBuf {

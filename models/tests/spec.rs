@@ -127,7 +127,7 @@ fn a_tree_pass_scores_each_path_like_a_plain_pass() {
                 start: prompt.len(),
                 table: &table,
                 all_logits: true,
-                tree: Some(models::model::llama::TreeChunk {
+                tree: Some(models::model::forward::TreeChunk {
                     tree: &tree,
                     nodes: &nodes,
                 }),

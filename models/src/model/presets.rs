@@ -6,7 +6,7 @@
 
 use crate::model::config;
 use crate::model::llama::{Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
-use crate::model::load::{build, LoadOptions, Naming, TensorSource};
+use crate::model::source::{build, LoadOptions, Naming, TensorSource};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{DType, KernelError};
 use moe_kernels::Capacity;

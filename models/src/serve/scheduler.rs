@@ -14,8 +14,9 @@
 //! again on readmission): never an out-of-memory failure. Time is a virtual clock advanced by
 //! the measured wall time of each step, so Poisson arrivals need no idle waiting.
 
+use crate::model::forward::SeqChunk;
 use crate::model::kv::KvPools;
-use crate::model::llama::{Llama, Result, SeqChunk};
+use crate::model::llama::{Llama, Result};
 use crate::serve::blocks::{BlockManager, KvStats};
 use crate::serve::sampler::{Sampler, SamplerConfig};
 use kernel_common::KernelError;
