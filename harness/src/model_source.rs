@@ -4,7 +4,7 @@
 //! loaded target. Shared by `harness generate` and the serving, decode and spec experiments.
 
 use crate::error::{HarnessError, Result};
-use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::{load, LoadOptions, SamplerConfig};
 use quant_kernels::WeightFormat;
 

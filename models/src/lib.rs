@@ -1,47 +1,27 @@
 //! The reference generation pipeline: model sources (GGUF files, Hugging Face safetensors
 //! directories, seeded random presets), the file's byte-level BPE tokenizer, a Llama/Mixtral
 //! decoder whose every projection and attention call goes through the kernel crates, a paged
-//! KV cache, and a seeded sampler.
+//! KV cache, a seeded sampler, continuous batching and speculative decoding. Three rooms whose
+//! imports run one way, `model` ← `serve` ← `spec`; the common types are re-exported here.
 
-/// Block manager: reference counts, prefix sharing, copy-on-write; the contiguous allocator.
-pub mod blocks;
-/// Published model shapes (presets) for calculators.
-pub mod config;
-/// GGUF v2/v3 reader.
-pub mod gguf;
-/// Hugging Face checkpoint directories (config.json + safetensors).
-pub mod hf;
-/// K/V block pools per layer, and the batch-1 `Session`.
-pub mod kv;
-/// KV allocation simulated under a budget: contiguous vs paged, prefix sharing.
-pub mod kvsim;
-/// The Llama/Mixtral decoder (kernel-crate products and attention).
-pub mod llama;
-/// Building a model from a tensor source; `--model` dispatch.
-pub mod load;
-/// Random-weight presets.
-pub mod presets;
-/// Greedy, temperature, top-k and top-p sampling, seeded.
-pub mod sampler;
-/// Continuous, static and dynamic batching over the paged KV cache.
-pub mod scheduler;
-/// Speculative decoding: draft trees verified by the target in one pass.
+/// The decoder, its weight sources, tokenizer and K/V pools.
+pub mod model;
+/// Running requests: sessions, block management, batching, workloads, sampling.
+pub mod serve;
+/// Speculative decoding: the driver and the drafters.
 pub mod spec;
-/// Drafters: a smaller model, the target in a cheaper format, n-gram lookup.
-pub mod spec_draft;
-/// Byte-level BPE from GGUF metadata.
-pub mod tokenizer;
-/// Seeded serving workloads: log-normal lengths, Poisson arrivals, a shared system prompt.
-pub mod workload;
 
-pub use config::{preset, ModelShape, PRESETS};
-pub use gguf::Gguf;
-pub use kv::{KvPools, Session};
-pub use llama::{argmax, Llama, LlamaConfig, SeqChunk};
-pub use load::{load, LoadOptions, Loaded};
-pub use sampler::{Sampler, SamplerConfig};
-pub use scheduler::{BatchingMode, Engine, Finished, Request, SchedulerConfig};
-pub use tokenizer::TextTokenizer;
+pub use model::config::{preset, ModelShape, PRESETS};
+pub use model::forward::SeqChunk;
+pub use model::gguf::Gguf;
+pub use model::kv::KvPools;
+pub use model::llama::{argmax, Llama, LlamaConfig};
+pub use model::load::{load, Loaded};
+pub use model::source::LoadOptions;
+pub use model::tokenizer::TextTokenizer;
+pub use serve::sampler::{Sampler, SamplerConfig};
+pub use serve::scheduler::{BatchingMode, Engine, Finished, Request, SchedulerConfig};
+pub use serve::session::Session;
 
 /// Where `scripts/fetch-models.sh` puts SmolLM2-135M-Instruct (Q4_1), if it has run.
 pub fn smollm2_path() -> std::path::PathBuf {

@@ -153,8 +153,8 @@ fn malformed_gguf_is_one_clear_error() {
 
 #[test]
 fn speculative_greedy_equals_plain_greedy() {
-    use models::spec::{generate, generate_plain, SpecConfig};
-    use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+    use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
+    use models::spec::driver::{generate, generate_plain, SpecConfig};
     use models::{load, LoadOptions, SamplerConfig};
     let Some(g) = model() else { return };
     let tok = TextTokenizer::from_gguf(&g).unwrap();

@@ -4,8 +4,8 @@
 //! plain pass over its root-to-node path would; sampled speculation leaves the target's
 //! distribution unchanged (chi-square on a vocabulary-8 preset); bad configurations are errors.
 
-use models::spec::{generate, generate_plain, SpecConfig};
-use models::spec_draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::spec::driver::{generate, generate_plain, SpecConfig};
 use models::{load, KvPools, Llama, LoadOptions, SamplerConfig, SeqChunk, Session};
 use spec_kernels::{DraftTree, TreeShape};
 
@@ -127,7 +127,7 @@ fn a_tree_pass_scores_each_path_like_a_plain_pass() {
                 start: prompt.len(),
                 table: &table,
                 all_logits: true,
-                tree: Some(models::llama::TreeChunk {
+                tree: Some(models::model::forward::TreeChunk {
                     tree: &tree,
                     nodes: &nodes,
                 }),

@@ -8,7 +8,7 @@
 use crate::error::{HarnessError, Result};
 use crate::model_source::drafter;
 use crate::Format;
-use models::spec::SpecConfig;
+use models::spec::driver::SpecConfig;
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
 use quant_kernels::WeightFormat;
 use serde::Serialize;
@@ -301,7 +301,7 @@ fn run_spec(
         capacity,
     )?;
     let started = Instant::now();
-    let out = models::spec::generate(
+    let out = models::spec::driver::generate(
         &loaded.model,
         d.as_mut(),
         &prompt_ids,

@@ -1,5 +1,5 @@
 //! `harness exp` for the kv_alloc family (claims C4, C5): contiguous vs paged KV allocation
-//! under one fixed budget of token slots, simulated step by step by `models::kvsim` on a seeded
+//! under one fixed budget of token slots, simulated step by step by `models::serve::kvsim` on a seeded
 //! ShareGPT-shaped workload (log-normal prompt and output lengths, all requests queued at once:
 //! a saturated server), block size swept, with and without a shared system prompt and prefix
 //! sharing. No model runs: the numbers are the allocators' arithmetic, exactly reproducible.
@@ -11,8 +11,8 @@ use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
 use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
-use models::kvsim::{simulate, Allocator, SimResult};
-use models::workload::Workload;
+use models::serve::kvsim::{simulate, Allocator, SimResult};
+use models::serve::workload::Workload;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::Path;

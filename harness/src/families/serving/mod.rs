@@ -1,5 +1,5 @@
 //! `harness exp` for the serving family (claims C23, C25): static vs dynamic vs continuous
-//! batching (`models::scheduler`) on a real model and a preset, under Poisson arrivals at
+//! batching (`models::serve::scheduler`) on a real model and a preset, under Poisson arrivals at
 //! several offered loads. Load is relative: each model is first run with every request queued
 //! at once under continuous batching, which gives its saturated capacity (requests/s) on this
 //! machine; the rates are fractions and multiples of it. Step times are measured, the clock
@@ -13,7 +13,7 @@ use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
 use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
-use models::workload::Workload;
+use models::serve::workload::Workload;
 use models::{load, BatchingMode, Engine, Finished, LoadOptions, SchedulerConfig};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;

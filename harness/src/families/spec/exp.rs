@@ -13,7 +13,7 @@ use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
 use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
-use models::spec::{generate, generate_plain, SpecConfig};
+use models::spec::driver::{generate, generate_plain, SpecConfig};
 use models::{load, LoadOptions, SamplerConfig};
 use serde::{Deserialize, Serialize};
 use spec_kernels::TreeShape;

@@ -4,9 +4,9 @@
 //! `model.safetensors.index.json`, f32/f16/bf16 (bf16 widened to f32 exactly, f16 kept), plus
 //! `tokenizer.json` when present. Every defect is one error naming the file and the problem.
 
-use crate::llama::{LlamaConfig, MoeSpec, Result, RopeLayout};
-use crate::load::{build, LoadOptions, Naming, TensorSource};
-use crate::tokenizer::TextTokenizer;
+use crate::model::llama::{Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
+use crate::model::source::{build, LoadOptions, Naming, TensorSource};
+use crate::model::tokenizer::TextTokenizer;
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
 use quant_kernels::{QuantMatrix, WeightFormat};
@@ -203,7 +203,7 @@ impl HfCheckpoint {
     }
 
     /// The model with `opts` (attention, weight format, MoE capacity).
-    pub fn build(&self, opts: &LoadOptions) -> Result<crate::Llama> {
+    pub fn build(&self, opts: &LoadOptions) -> Result<Llama> {
         build(self.config, self, Naming::Hf, self.tied, opts)
     }
 

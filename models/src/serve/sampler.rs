@@ -3,7 +3,7 @@
 //! smallest set of tokens whose probability reaches top-p (nucleus sampling, Holtzman et al.),
 //! renormalised, one uniform draw from a seeded generator per token.
 
-use crate::llama::argmax;
+use crate::model::llama::argmax;
 use kernel_common::{
     error::Result,
     inputs::{pick, rng},

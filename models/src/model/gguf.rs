@@ -2,7 +2,11 @@
 //! metadata key-values (all scalar types, strings, arrays), tensor infos, alignment, and the
 //! tensors as `QuantMatrix`es in F32, F16, Q8_0, Q4_0 or Q4_1. Every defect is one error that
 //! names the file and what is wrong (bad magic, truncated, unknown type, missing key/tensor).
+//! A file is a tensor source (llama.cpp naming) whose `llama.*` metadata gives the model's
+//! shape (`gguf_config`); `Llama::from_gguf` builds it.
 
+use crate::model::llama::{Llama, LlamaConfig, RopeLayout};
+use crate::model::source::{build, LoadOptions, Naming, TensorSource};
 use kernel_common::KernelError;
 use quant_kernels::{QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
@@ -269,5 +273,61 @@ impl Gguf {
     /// Tensor `name` (any shape) dequantised to f32.
     pub fn floats(&self, name: &str) -> Result<Vec<f32>> {
         Ok(self.matrix(name)?.dequantize())
+    }
+}
+
+impl TensorSource for Gguf {
+    fn origin(&self) -> String {
+        self.path.display().to_string()
+    }
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn matrix(&self, name: &str) -> Result<QuantMatrix> {
+        Gguf::matrix(self, name)
+    }
+}
+
+/// The shape of a GGUF `llama` file.
+pub fn gguf_config(g: &Gguf) -> Result<LlamaConfig> {
+    let arch = g.string("general.architecture")?;
+    if arch != "llama" {
+        return Err(KernelError::BadBuffer(format!(
+            "{}: architecture '{arch}' is not llama",
+            g.path.display()
+        )));
+    }
+    if g.uint("llama.expert_count").unwrap_or(0) > 0 {
+        return Err(KernelError::Unsupported(format!(
+            "{}: GGUF mixture-of-experts files are not supported (load Mixtral from a Hugging Face directory)",
+            g.path.display()
+        )));
+    }
+    let d_model = g.uint("llama.embedding_length")?;
+    let heads = g.uint("llama.attention.head_count")?;
+    Ok(LlamaConfig {
+        layers: g.uint("llama.block_count")?,
+        d_model,
+        heads,
+        kv_heads: g.uint("llama.attention.head_count_kv").unwrap_or(heads),
+        head_dim: d_model / heads.max(1),
+        d_ff: g.uint("llama.feed_forward_length")?,
+        vocab: g.strings("tokenizer.ggml.tokens").map(|t| t.len())?,
+        context: g.uint("llama.context_length")?,
+        eps: g.float("llama.attention.layer_norm_rms_epsilon")? as f32,
+        rope_base: g.float("llama.rope.freq_base").unwrap_or(10000.0) as f32,
+        rope: RopeLayout::Interleaved,
+        moe: None,
+    })
+}
+
+impl Llama {
+    /// Loads the `llama` architecture from `g`; `attention` is an attention variant spec.
+    pub fn from_gguf(g: &Gguf, attention: &str) -> Result<Llama> {
+        let opts = LoadOptions {
+            attention: attention.into(),
+            ..LoadOptions::default()
+        };
+        build(gguf_config(g)?, g, Naming::Gguf, false, &opts)
     }
 }

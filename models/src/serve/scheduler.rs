@@ -14,10 +14,11 @@
 //! again on readmission): never an out-of-memory failure. Time is a virtual clock advanced by
 //! the measured wall time of each step, so Poisson arrivals need no idle waiting.
 
-use crate::blocks::{BlockManager, KvStats};
-use crate::kv::KvPools;
-use crate::llama::{Llama, Result, SeqChunk};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::model::forward::SeqChunk;
+use crate::model::kv::KvPools;
+use crate::model::llama::{Llama, Result};
+use crate::serve::blocks::{BlockManager, KvStats};
+use crate::serve::sampler::{Sampler, SamplerConfig};
 use kernel_common::KernelError;
 use std::collections::VecDeque;
 use std::time::Instant;

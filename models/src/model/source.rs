@@ -1,15 +1,14 @@
-//! Building a `Llama` from any weight source: a tensor source (GGUF file, Hugging Face
-//! safetensors directory, seeded random preset) answers matrices by name in its own naming
-//! scheme; `build` checks every shape, converts to the requested weight format (`--weights`),
-//! stacks Q/K/V and gate/up, and assembles the layers. `load` picks the source from `--model`.
+//! Tensor sources and the model builder (the conversion step of llama.cpp's
+//! `convert_hf_to_gguf.py` / transformers' `from_pretrained`, done at load time): a tensor
+//! source (GGUF file, Hugging Face safetensors directory, seeded random preset) answers
+//! matrices by name in its own naming scheme; `build` checks every shape, converts to the
+//! requested weight format (`--weights`), stacks Q/K/V and gate/up, and assembles the layers.
+//! The sources (`gguf`, `hf`, `presets`) import this module; `load` imports them.
 
-use crate::gguf::Gguf;
-use crate::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, RopeLayout};
-use crate::tokenizer::TextTokenizer;
+use crate::model::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, DEFAULT_MATMUL};
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
 use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
-use std::path::Path;
 
 /// Tensors by name, each as a rows × cols matrix (vectors: one row).
 pub trait TensorSource {
@@ -113,7 +112,7 @@ impl Default for LoadOptions {
             attention: "flash2".into(),
             weights: None,
             capacity: Capacity::Dropless,
-            matmul: crate::llama::DEFAULT_MATMUL,
+            matmul: DEFAULT_MATMUL,
         }
     }
 }
@@ -265,95 +264,4 @@ pub fn build(
     )?;
     model.set_matmul(opts.matmul)?;
     Ok(model)
-}
-
-impl TensorSource for Gguf {
-    fn origin(&self) -> String {
-        self.path.display().to_string()
-    }
-    fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
-    }
-    fn matrix(&self, name: &str) -> Result<QuantMatrix> {
-        Gguf::matrix(self, name)
-    }
-}
-
-/// The shape of a GGUF `llama` file.
-pub fn gguf_config(g: &Gguf) -> Result<LlamaConfig> {
-    let arch = g.string("general.architecture")?;
-    if arch != "llama" {
-        return Err(KernelError::BadBuffer(format!(
-            "{}: architecture '{arch}' is not llama",
-            g.path.display()
-        )));
-    }
-    if g.uint("llama.expert_count").unwrap_or(0) > 0 {
-        return Err(KernelError::Unsupported(format!(
-            "{}: GGUF mixture-of-experts files are not supported (load Mixtral from a Hugging Face directory)",
-            g.path.display()
-        )));
-    }
-    let d_model = g.uint("llama.embedding_length")?;
-    let heads = g.uint("llama.attention.head_count")?;
-    Ok(LlamaConfig {
-        layers: g.uint("llama.block_count")?,
-        d_model,
-        heads,
-        kv_heads: g.uint("llama.attention.head_count_kv").unwrap_or(heads),
-        head_dim: d_model / heads.max(1),
-        d_ff: g.uint("llama.feed_forward_length")?,
-        vocab: g.strings("tokenizer.ggml.tokens").map(|t| t.len())?,
-        context: g.uint("llama.context_length")?,
-        eps: g.float("llama.attention.layer_norm_rms_epsilon")? as f32,
-        rope_base: g.float("llama.rope.freq_base").unwrap_or(10000.0) as f32,
-        rope: RopeLayout::Interleaved,
-        moe: None,
-    })
-}
-
-impl Llama {
-    /// Loads the `llama` architecture from `g`; `attention` is an attention variant spec.
-    pub fn from_gguf(g: &Gguf, attention: &str) -> Result<Llama> {
-        let opts = LoadOptions {
-            attention: attention.into(),
-            ..LoadOptions::default()
-        };
-        build(gguf_config(g)?, g, Naming::Gguf, false, &opts)
-    }
-}
-
-/// A loaded model and, when its source has one, its tokenizer.
-pub struct Loaded {
-    pub model: Llama,
-    pub tokenizer: Option<TextTokenizer>,
-    /// What was loaded, for provenance ("preset tiny-gqa", a path).
-    pub source: String,
-}
-
-/// Loads `--model`: a `.gguf` file, a Hugging Face checkpoint directory, or a preset name.
-pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
-    let path = Path::new(model);
-    if path.is_dir() {
-        let dir = crate::hf::HfCheckpoint::open(path)?;
-        return Ok(Loaded {
-            model: dir.build(opts)?,
-            tokenizer: dir.tokenizer()?,
-            source: path.display().to_string(),
-        });
-    }
-    if model.ends_with(".gguf") || path.is_file() {
-        let g = Gguf::open(path)?;
-        let model = build(gguf_config(&g)?, &g, Naming::Gguf, false, opts)?;
-        return Ok(Loaded {
-            model,
-            tokenizer: Some(TextTokenizer::from_gguf(&g)?),
-            source: path.display().to_string(),
-        });
-    }
-    Ok(Loaded {
-        model: crate::presets::random_model(model, opts)?,
-        tokenizer: None,
-        source: format!("preset {model}"),
-    })
 }

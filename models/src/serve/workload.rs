@@ -3,8 +3,8 @@
 //! and output 338 tokens; the means here are parameters), clipped to a context, an optional
 //! system prompt shared by every request, and Poisson arrivals (exponential gaps) at a rate.
 
-use crate::sampler::SamplerConfig;
-use crate::scheduler::Request;
+use crate::serve::sampler::SamplerConfig;
+use crate::serve::scheduler::Request;
 use kernel_common::inputs::rng;
 use rand::Rng;
 use rand_distr::{Distribution, Exp, LogNormal};

@@ -8,10 +8,11 @@
 //! Adaptive depth: the draft depth shrinks while the running acceptance rate is under a
 //! threshold (C21: 70%) and grows while above.
 
-use crate::kv::KvPools;
-use crate::llama::{argmax, Llama, Result, SeqChunk, TreeChunk};
-use crate::sampler::{Sampler, SamplerConfig};
-use crate::spec_draft::{DraftDist, Drafter};
+use crate::model::forward::{SeqChunk, TreeChunk};
+use crate::model::kv::KvPools;
+use crate::model::llama::{argmax, Llama, Result};
+use crate::serve::sampler::{Sampler, SamplerConfig};
+use crate::spec::draft::{DraftDist, Drafter};
 use kernel_common::inputs::pick;
 use kernel_common::KernelError;
 use spec_kernels::{verify_greedy, verify_stochastic, DraftTree, Proposal, TreeShape};
@@ -325,7 +326,7 @@ pub fn generate_plain(
     eos: Option<u32>,
     sampler: SamplerConfig,
 ) -> Result<Vec<u32>> {
-    let mut s = crate::kv::Session::new(target, prompt.len() + max_new, 16)?;
+    let mut s = crate::serve::session::Session::new(target, prompt.len() + max_new, 16)?;
     let mut sampler = Sampler::new(sampler)?;
     let mut out = vec![];
     let mut logits = s.forward(prompt)?;

@@ -2,11 +2,13 @@
 //! `[blocks, kv_heads, block_size, head_dim]`, f32, NaN-poisoned so a read of a slot nobody
 //! wrote shows up), written at a sequence's positions through its block table, read back
 //! contiguously for contiguous attention kernels or in place by paged decode; block copies for
-//! copy-on-write. Which blocks a sequence owns is decided elsewhere (`blocks.rs`). `Session` is
-//! the batch-1 convenience: one sequence, blocks 0.. in order, for tests and plain generation.
+//! copy-on-write. Which blocks a sequence owns is decided elsewhere (`serve::blocks`).
+//! The pools live in `model` (not `serve`) because they are what `Llama::forward` writes
+//! into: `forward` imports this module, this module imports only the `Llama` type for its
+//! shape, and `serve`/`spec` use both — no import circle.
 
-use crate::llama::{argmax, Llama, Result, SeqChunk};
-use kernel_common::{Buffer, DType, KernelError};
+use crate::model::llama::{Llama, Result};
+use kernel_common::{Buffer, DType};
 use paged_kernels::{KvPool, PoolLayout};
 
 /// Per-layer K/V block pools sharing one layout.
@@ -107,97 +109,5 @@ impl KvPools {
         for b in self.buffers() {
             b.copy_within(s..s + n, d);
         }
-    }
-}
-
-/// One sequence over its own pools (blocks in order): prompt, then token by token.
-pub struct Session<'m> {
-    pub model: &'m Llama,
-    pub kv: KvPools,
-    table: Vec<u32>,
-    /// Tokens in the cache.
-    pub len: usize,
-}
-
-impl<'m> Session<'m> {
-    /// Room for `capacity` tokens in blocks of `block_size`.
-    pub fn new(model: &'m Llama, capacity: usize, block_size: usize) -> Result<Session<'m>> {
-        if capacity > model.cfg.context {
-            return Err(KernelError::InvalidShape(format!(
-                "{capacity} tokens exceed the context of {}",
-                model.cfg.context
-            )));
-        }
-        let blocks = capacity.max(1).div_ceil(block_size);
-        Ok(Session {
-            model,
-            kv: KvPools::new(model, blocks, block_size)?,
-            table: (0..blocks as u32).collect(),
-            len: 0,
-        })
-    }
-
-    /// Runs `tokens` at the end of the context; returns the logits of the last one.
-    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let cap = self.table.len() * self.kv.layout.block_size;
-        if self.len + tokens.len() > cap {
-            return Err(KernelError::InvalidShape(format!(
-                "{} tokens exceed the session's room of {cap}",
-                self.len + tokens.len()
-            )));
-        }
-        let chunk = SeqChunk {
-            tokens,
-            start: self.len,
-            table: &self.table,
-            all_logits: false,
-            tree: None,
-        };
-        let logits = self.model.forward(&mut self.kv, &[chunk])?;
-        self.len += tokens.len();
-        Ok(logits.into_iter().next().expect("one chunk"))
-    }
-
-    /// Logits of every token of `tokens` (e.g. a whole prompt, to compare with a reference).
-    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let chunk = SeqChunk {
-            tokens,
-            start: self.len,
-            table: &self.table,
-            all_logits: true,
-            tree: None,
-        };
-        let logits = self.model.forward(&mut self.kv, &[chunk])?;
-        self.len += tokens.len();
-        Ok(logits.into_iter().next().expect("one chunk"))
-    }
-}
-
-impl Llama {
-    /// Greedy continuation of `prompt`: `max_new` tokens, stopping early at `eos` unless None.
-    pub fn greedy(&self, prompt: &[u32], max_new: usize, eos: Option<u32>) -> Result<Vec<u32>> {
-        self.greedy_with_blocks(prompt, max_new, eos, 16)
-    }
-
-    /// `greedy` with KV blocks of `block_size` tokens.
-    pub fn greedy_with_blocks(
-        &self,
-        prompt: &[u32],
-        max_new: usize,
-        eos: Option<u32>,
-        block_size: usize,
-    ) -> Result<Vec<u32>> {
-        let mut s = Session::new(self, prompt.len() + max_new, block_size)?;
-        let mut out = vec![];
-        let mut logits = s.forward(prompt)?;
-        while out.len() < max_new {
-            let next = argmax(&logits);
-            out.push(next);
-            if Some(next) == eos || out.len() == max_new {
-                break;
-            }
-            logits = s.forward(&[next])?;
-        }
-        Ok(out)
     }
 }

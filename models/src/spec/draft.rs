@@ -4,9 +4,10 @@
 //! level with tree-masked passes over its own paged KV cache and keeps the accepted path's K/V
 //! between rounds; and prompt lookup (n-gram drafting from the context, no second model).
 
-use crate::kv::KvPools;
-use crate::llama::{Llama, Result, SeqChunk, TreeChunk};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::model::forward::{SeqChunk, TreeChunk};
+use crate::model::kv::KvPools;
+use crate::model::llama::{Llama, Result};
+use crate::serve::sampler::{Sampler, SamplerConfig};
 use spec_kernels::DraftTree;
 
 /// What a drafter proposes after a node.

@@ -4,9 +4,9 @@
 //! embeddings N(0, 1), norms 1: logits of order one, so greedy choices are not near-ties. The
 //! shape-only presets of `config.rs` (Llama-2, Mixtral-8x7B) are for calculators.
 
-use crate::config;
-use crate::llama::{Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
-use crate::load::{build, LoadOptions, Naming, TensorSource};
+use crate::model::config;
+use crate::model::llama::{Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
+use crate::model::source::{build, LoadOptions, Naming, TensorSource};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{DType, KernelError};
 use moe_kernels::Capacity;

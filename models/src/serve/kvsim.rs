@@ -7,8 +7,8 @@
 //! Reported: concurrency, fragmentation (slots reserved or allocated but holding no token),
 //! utilisation of the budget, latency in steps.
 
-use crate::blocks::{BlockManager, ContiguousAllocator};
-use crate::workload::Drawn;
+use crate::serve::blocks::{BlockManager, ContiguousAllocator};
+use crate::serve::workload::Drawn;
 use std::collections::VecDeque;
 
 /// Which allocator.
@@ -166,7 +166,7 @@ pub fn simulate(reqs: &[Drawn], max_new: usize, budget: usize, alloc: Allocator)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::Workload;
+    use crate::serve::workload::Workload;
 
     fn workload(system: usize) -> Vec<Drawn> {
         Workload {

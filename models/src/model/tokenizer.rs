@@ -3,7 +3,7 @@
 //! pre-tokenizer (digits split one by one, then byte-level with GPT-2's regex, no prefix space)
 //! and the control tokens (`<|im_start|>`, ...) as special tokens.
 
-use crate::gguf::{Gguf, Result, Value};
+use crate::model::gguf::{Gguf, Result, Value};
 use kernel_common::KernelError;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;

@@ -1,0 +1,46 @@
+//! `load(--model)`: picks the weight source from the argument — a `.gguf` file (`gguf`), a
+//! Hugging Face checkpoint directory (`hf`) or a random preset name (`presets`) — and returns
+//! the model built through `source::build` with the source's tokenizer, if it has one.
+
+use crate::model::gguf::{gguf_config, Gguf};
+use crate::model::hf::HfCheckpoint;
+use crate::model::llama::{Llama, Result};
+use crate::model::presets::random_model;
+use crate::model::source::{build, LoadOptions, Naming};
+use crate::model::tokenizer::TextTokenizer;
+use std::path::Path;
+
+/// A loaded model and, when its source has one, its tokenizer.
+pub struct Loaded {
+    pub model: Llama,
+    pub tokenizer: Option<TextTokenizer>,
+    /// What was loaded, for provenance ("preset tiny-gqa", a path).
+    pub source: String,
+}
+
+/// Loads `--model`: a `.gguf` file, a Hugging Face checkpoint directory, or a preset name.
+pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
+    let path = Path::new(model);
+    if path.is_dir() {
+        let dir = HfCheckpoint::open(path)?;
+        return Ok(Loaded {
+            model: dir.build(opts)?,
+            tokenizer: dir.tokenizer()?,
+            source: path.display().to_string(),
+        });
+    }
+    if model.ends_with(".gguf") || path.is_file() {
+        let g = Gguf::open(path)?;
+        let model = build(gguf_config(&g)?, &g, Naming::Gguf, false, opts)?;
+        return Ok(Loaded {
+            model,
+            tokenizer: Some(TextTokenizer::from_gguf(&g)?),
+            source: path.display().to_string(),
+        });
+    }
+    Ok(Loaded {
+        model: random_model(model, opts)?,
+        tokenizer: None,
+        source: format!("preset {model}"),
+    })
+}

@@ -1,0 +1,16 @@
+//! The serving room: what runs requests on a model (vLLM's PagedAttention block manager, Orca's
+//! continuous batching): the batch-1 session, block management, the scheduler and its seeded
+//! workloads, the KV allocation simulator, and sampling. Uses `model`, never `spec`.
+
+/// Block manager: reference counts, prefix sharing, copy-on-write; the contiguous allocator.
+pub mod blocks;
+/// KV allocation simulated under a budget: contiguous vs paged, prefix sharing.
+pub mod kvsim;
+/// Greedy, temperature, top-k and top-p sampling, seeded.
+pub mod sampler;
+/// Continuous, static and dynamic batching over the paged KV cache.
+pub mod scheduler;
+/// One sequence over its own pools (batch 1), and `Llama::greedy`.
+pub mod session;
+/// Seeded serving workloads: log-normal lengths, Poisson arrivals, a shared system prompt.
+pub mod workload;

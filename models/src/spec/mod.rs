@@ -1,0 +1,8 @@
+//! The speculation room: speculative decoding (Leviathan et al. 2023; SpecInfer, Medusa and
+//! EAGLE-2 trees) — the driver that drafts a tree, verifies it in one tree-masked target pass
+//! and keeps the accepted path, and the drafters that propose it. Uses `model` and `serve`.
+
+/// Drafters: a smaller model, the target in a cheaper format, n-gram lookup.
+pub mod draft;
+/// Speculative decoding: draft trees verified by the target in one pass.
+pub mod driver;
