@@ -37,6 +37,8 @@ pub struct ExpFamily {
     pub run: fn(&ExpRequest) -> Result<i32>,
     /// Tables and plots of a run from its CSV.
     pub render: RenderFn,
+    /// Whether its runner times peers (`peers = [...]`, `--peer`).
+    pub peers: bool,
 }
 
 /// A family's case files: the tensors it needs (for errors) and the jobs of one file.

@@ -22,6 +22,8 @@ pub mod machine;
 pub mod measure;
 /// Models as experiments name them (`smollm2`, presets, paths) and speculative drafters.
 pub mod model_source;
+/// External peers (PyTorch SDPA, ...): manifests, the JSON-lines protocol, case files.
+pub mod peer;
 /// The JSON provenance beside every run's CSV.
 pub mod provenance;
 /// Variant lookup by spec string across the kernel crates, and where a variant runs.

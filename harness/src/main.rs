@@ -102,6 +102,13 @@ enum Command {
         /// Run these variants instead of the spec's (repeatable), e.g. --variant flash2:br=64.
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// Time and check these peers (scripts/peers/<name>) instead of the spec's
+        /// `peers` (repeatable), e.g. --peer torch_sdpa.
+        #[arg(long = "peer", value_name = "NAME")]
+        peers: Vec<String>,
+        /// Folder of registered peers. Default: scripts/peers of the checkout.
+        #[arg(long, value_name = "DIR")]
+        peers_dir: Option<PathBuf>,
         /// Use the spec's [quick] grid: smaller, for a first look in about a minute.
         #[arg(long)]
         quick: bool,
@@ -250,6 +257,8 @@ fn run(cli: Cli) -> Result<i32> {
             name,
             sets,
             variants,
+            peers,
+            peers_dir,
             quick,
             reps,
             common,
@@ -267,6 +276,13 @@ fn run(cli: Cli) -> Result<i32> {
                 format: common.format,
                 experiments_dir: dir_or_workspace(cli.experiments_dir, "experiments")?,
                 results_dir: dir_or_workspace(cli.results_dir, "results")?,
+                peers_dir: match peers_dir {
+                    Some(dir) => dir,
+                    None => workspace::root()
+                        .map(|r| r.join("scripts/peers"))
+                        .unwrap_or_else(|_| PathBuf::from("scripts/peers")),
+                },
+                peers,
             };
             on_pool(|| exp::run(&opts))
         }

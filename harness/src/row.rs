@@ -37,6 +37,8 @@ pub struct Head {
     pub p90_ms: Option<f64>,
     /// The seed of this row's random inputs (derived from `--seed`).
     pub seed: u64,
+    /// The version of an external peer in `variant` (`torch 2.15.0`); empty for ours.
+    pub peer_version: String,
 }
 
 impl Head {
@@ -215,7 +217,7 @@ mod tests {
         w.write(&row).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with(
-            "run_id,experiment,variant,device,threads,status,reps,median_ms,p10_ms,p90_ms,seed,mode,batch,causal,gbps,note\n"
+            "run_id,experiment,variant,device,threads,status,reps,median_ms,p10_ms,p90_ms,seed,peer_version,mode,batch,causal,gbps,note\n"
         ));
         let back: Vec<Row<Cols>> = read_rows(&path).unwrap();
         assert_eq!(back, vec![row.clone(), row.clone()]);

@@ -28,6 +28,10 @@ pub struct ExpOptions {
     pub format: Format,
     pub experiments_dir: PathBuf,
     pub results_dir: PathBuf,
+    /// Peers to run instead of the spec's (`--peer`).
+    pub peers: Vec<String>,
+    /// Where peers are registered (`scripts/peers` of the checkout).
+    pub peers_dir: PathBuf,
 }
 
 /// Default timed repetitions per point.
@@ -42,6 +46,10 @@ pub struct ExpRequest<'a> {
     pub grid: BTreeMap<String, Vec<String>>,
     pub names: Vec<String>,
     pub reps: usize,
+    /// The peers to run beside the variants (their manifests, checked).
+    pub peers: Vec<crate::peer::Manifest>,
+    /// The checkout the peers belong to (their `{python}`: target/peers/venv).
+    pub peer_root: PathBuf,
 }
 
 /// Rows that make an experiment exit 1: wrong outputs, and a device that failed (a launch,

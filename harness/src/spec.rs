@@ -19,6 +19,9 @@ pub struct ExperimentSpec {
     pub claims: Vec<String>,
     pub family: String,
     pub variants: Vec<String>,
+    /// External peers timed and checked beside the variants (`scripts/peers/<name>`).
+    #[serde(default)]
+    pub peers: Vec<String>,
     /// The variants `--device cuda` runs when no `--variant` is given.
     #[serde(default)]
     pub cuda_variants: Vec<String>,

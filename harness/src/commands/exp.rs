@@ -6,6 +6,7 @@
 
 use crate::error::{HarnessError, Result};
 use crate::families;
+use crate::peer;
 use crate::provenance::Provenance;
 use crate::run_files::{ExpOptions, ExpRequest, DEFAULT_REPS};
 use crate::spec::{parse_set, ExperimentSpec};
@@ -48,6 +49,23 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     if reps == 0 {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));
     }
+    let peer_names = if opts.peers.is_empty() {
+        &spec.peers
+    } else {
+        &opts.peers
+    };
+    if !peer_names.is_empty() && !family.peers {
+        return Err(HarnessError::Usage(format!(
+            "experiment '{}': {} experiments take no peers yet",
+            spec.name, spec.family
+        )));
+    }
+    let peers = peer::manifests(&opts.peers_dir, peer_names, &spec.family)?;
+    let peer_root = opts
+        .peers_dir
+        .parent()
+        .and_then(Path::parent)
+        .map_or_else(|| opts.peers_dir.clone(), Path::to_path_buf);
     (family.run)(&ExpRequest {
         opts,
         spec: &spec,
@@ -55,6 +73,8 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
         grid,
         names,
         reps,
+        peers,
+        peer_root,
     })
 }
 

@@ -14,6 +14,10 @@ pub mod cols;
 pub mod exp;
 /// The grid keys and their expansion into points.
 pub mod grid;
+/// Points with peers: checked, then timed in alternating rounds with the variants.
+pub mod peers;
+/// One grid point: inputs, reference rows, a variant's row, check and timing.
+pub mod point;
 /// `harness replay` of attention case files.
 pub mod replay;
 /// Tables of an attention run: per mode, speed-ups over the baseline.
@@ -29,6 +33,7 @@ pub const FAMILY: Family = Family {
         variant: |v| crate::registry::attention_kernel(v).map(|_| ()),
         run: exp::run,
         render: report::render,
+        peers: true,
     }),
     replay: Some(ReplayFamily {
         needs: "q, k, v ([batch, heads, len, head_dim]) and optionally out",

@@ -31,6 +31,7 @@ pub const FAMILY: Family = Family {
         variant: |v| one_of("decode", VARIANTS, v),
         run,
         render,
+        peers: false,
     }),
     replay: None,
 };

@@ -26,6 +26,7 @@ pub const FAMILY: Family = Family {
         variant: |v| one_of("kv", VARIANTS, v),
         run,
         render,
+        peers: false,
     }),
     replay: None,
 };

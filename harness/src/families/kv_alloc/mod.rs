@@ -27,6 +27,7 @@ pub const FAMILY: Family = Family {
         variant: |v| one_of("kv_alloc", VARIANTS, v),
         run,
         render,
+        peers: false,
     }),
     replay: None,
 };

@@ -26,6 +26,7 @@ pub const FAMILY: Family = Family {
         variant: |v| crate::registry::moe_variant(v).map(|_| ()),
         run: exp::run,
         render: exp::render,
+        peers: false,
     }),
     replay: Some(ReplayFamily {
         needs: "x [T, D], router [D, E], w_gate and w_up [E, D, F], w_down [E, F, D] (f32), optionally router_bias [E] and out",

@@ -22,6 +22,7 @@ pub const FAMILY: Family = Family {
         variant: |v| crate::registry::quant_variant(v).map(|_| ()),
         run: exp::run,
         render: exp::render,
+        peers: false,
     }),
     replay: Some(ReplayFamily {
         needs: "x ([rows, cols] f32), optionally q (u8 packed blocks) and out, act and y",

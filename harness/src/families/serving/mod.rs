@@ -30,6 +30,7 @@ pub const FAMILY: Family = Family {
         variant: |v| one_of("serving", VARIANTS, v),
         run,
         render,
+        peers: false,
     }),
     replay: None,
 };

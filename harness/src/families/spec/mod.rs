@@ -20,6 +20,7 @@ pub const FAMILY: Family = Family {
         variant: |v| one_of("spec", DRIVER, v),
         run: exp::run,
         render: exp::render,
+        peers: false,
     }),
     replay: None,
 };

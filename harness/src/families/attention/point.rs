@@ -1,0 +1,306 @@
+//! One attention grid point: its seeded inputs and f64 reference rows, made once and shared
+//! by the variants (and peers); a variant's row with its cost model, its check (supports,
+//! limits, untimed prepare, one run on NaN-poisoned output against the reference rows), and
+//! its timing columns.
+
+use super::cols::{AttentionCols, ExpRow};
+use super::grid::Point;
+use crate::alloc;
+use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::roofline::Roofline;
+use crate::row::{Head, Row};
+use crate::spec::Limits;
+use attention_kernels::reference::{attention_rows, QueryRow};
+use attention_kernels::{AttentionInputs, AttentionKernel, PreparedAttention};
+use kernel_common::{tolerance, Buffer, Device, ErrorStats};
+use std::time::Instant;
+
+/// Inputs and reference rows of one grid point, created on first use and shared by variants.
+pub(super) struct PointRunner<'a> {
+    point: &'a Point,
+    seed: u64,
+    limits: &'a Limits,
+    inputs: Option<AttentionInputs>,
+    reference: Option<(Vec<QueryRow>, Vec<f64>)>,
+}
+
+impl<'a> PointRunner<'a> {
+    pub(super) fn new(point: &'a Point, seed: u64, limits: &'a Limits) -> PointRunner<'a> {
+        PointRunner {
+            point,
+            seed,
+            limits,
+            inputs: None,
+            reference: None,
+        }
+    }
+
+    /// A row with the point's columns and the variant's cost model filled in.
+    pub(super) fn row(
+        &self,
+        kernel: &dyn AttentionKernel,
+        run_id: &str,
+        exp: &str,
+        device: Device,
+        roof: &Roofline,
+    ) -> ExpRow {
+        let cost = kernel.cost(&self.point.shape, self.point.dtype);
+        self.row_named(&kernel.name(), cost, run_id, exp, device, roof)
+    }
+
+    /// A row named `name` with the point's columns and `cost` filled in (a peer's row takes
+    /// the minimum-traffic cost of the point, `AttentionShape::io_cost`).
+    pub(super) fn row_named(
+        &self,
+        name: &str,
+        cost: kernel_common::Cost,
+        run_id: &str,
+        exp: &str,
+        device: Device,
+        roof: &Roofline,
+    ) -> ExpRow {
+        let s = &self.point.shape;
+        let head = Head::new(run_id, exp, name, &device.to_string(), self.seed);
+        Row::new(
+            head,
+            AttentionCols {
+                mode: self.point.mode.clone(),
+                dtype: self.point.dtype.to_string(),
+                batch: s.batch,
+                q_heads: s.q_heads,
+                kv_heads: s.kv_heads,
+                q_len: s.q_len,
+                kv_len: s.kv_len,
+                head_dim: s.head_dim,
+                causal: s.causal,
+                gbps: None,
+                gflops: None,
+                pct_roofline: None,
+                bound: if cost.memory_bound(roof.read_gbps * 1e9, roof.fma_gflops * 1e9) {
+                    "memory"
+                } else {
+                    "compute"
+                }
+                .into(),
+                bytes: cost.bytes,
+                flops: cost.flops,
+                scratch_mib: None,
+                prepare_ms: None,
+                max_abs_err: None,
+                rel_l2_err: None,
+                nmse: None,
+                checked_rows: 0,
+            },
+        )
+    }
+
+    /// Why the limits skip this variant here, if they do.
+    fn over_limit(&self, kernel: &dyn AttentionKernel, row: &ExpRow) -> Option<String> {
+        let s = &self.point.shape;
+        let kv_mib = (2 * s.kv_elems() * self.point.dtype.size()) as f64 / (1 << 20) as f64;
+        let gflop = row.flops as f64 / 1e9;
+        let scratch_mib =
+            kernel.workspace_bytes(s, rayon::current_num_threads()) as f64 / (1 << 20) as f64;
+        if kv_mib > self.limits.max_kv_mib {
+            Some(format!(
+                "K+V {kv_mib:.0} MiB > max_kv_mib {}",
+                self.limits.max_kv_mib
+            ))
+        } else if gflop > self.limits.max_gflop {
+            Some(format!(
+                "{gflop:.1} GFLOP > max_gflop {}",
+                self.limits.max_gflop
+            ))
+        } else if scratch_mib > self.limits.max_scores_mib {
+            Some(format!(
+                "workspace {scratch_mib:.0} MiB > max_scores_mib {}",
+                self.limits.max_scores_mib
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Rows checked against the reference: first and last batch entry, first, middle and
+    /// last query head, first, middle and last query row.
+    fn sample_rows(&self) -> Vec<QueryRow> {
+        let s = &self.point.shape;
+        let pick = |n: usize| {
+            let mut v = vec![0, n / 2, n - 1];
+            v.dedup();
+            v
+        };
+        let mut rows = vec![];
+        for b in [0, s.batch - 1] {
+            for &h in &pick(s.q_heads) {
+                for &i in &pick(s.q_len) {
+                    if !rows.contains(&(b, h, i)) {
+                        rows.push((b, h, i));
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    fn inputs(&mut self) -> &AttentionInputs {
+        let (shape, dtype, seed) = (self.point.shape, self.point.dtype, self.seed);
+        self.inputs
+            .get_or_insert_with(|| AttentionInputs::random(&shape, dtype, seed))
+    }
+
+    /// The point.
+    pub(super) fn point(&self) -> &Point {
+        self.point
+    }
+
+    /// Makes the inputs and the reference rows, once per point.
+    pub(super) fn ensure_reference(&mut self) {
+        if self.reference.is_none() {
+            let rows = self.sample_rows();
+            let want = attention_rows(&self.point.shape, self.inputs(), &rows);
+            self.reference = Some((rows, want));
+        }
+    }
+
+    /// The point's inputs (after `ensure_reference`).
+    pub(super) fn made_inputs(&self) -> &AttentionInputs {
+        self.inputs.as_ref().expect("made by ensure_reference")
+    }
+
+    /// Compares a full output with the reference rows: the error columns, the rows checked,
+    /// and (passed, non-finite count).
+    pub(super) fn compare(&self, full: &[f32], row: &mut ExpRow) -> (bool, usize) {
+        let (rows, want) = self.reference.as_ref().expect("made by ensure_reference");
+        let shape = self.point.shape;
+        let unwritten = full.iter().filter(|x| !x.is_finite()).count();
+        let d = shape.head_dim;
+        let got: Vec<f32> = rows
+            .iter()
+            .flat_map(|&(b, h, i)| {
+                let at = ((b * shape.q_heads + h) * shape.q_len + i) * d;
+                full[at..at + d].to_vec()
+            })
+            .collect();
+        let stats = ErrorStats::compare(&got, want);
+        row.max_abs_err = Some(stats.max_abs);
+        row.rel_l2_err = Some(stats.rel_l2);
+        row.nmse = Some(stats.nmse);
+        row.checked_rows = rows.len();
+        (
+            unwritten == 0 && stats.passes(&tolerance(self.point.dtype)),
+            unwritten,
+        )
+    }
+
+    /// Supports, limits, prepare (untimed), one run on NaN-poisoned output and the check:
+    /// fills the error columns (or status unsupported, skipped or error) and returns the
+    /// variant ready to time. Call `ensure_reference` first.
+    pub(super) fn check<'k>(
+        &'k self,
+        kernel: &'k dyn AttentionKernel,
+        device: Device,
+        row: &mut ExpRow,
+    ) -> Option<Ready<'k>> {
+        let (shape, dtype) = (self.point.shape, self.point.dtype);
+        let fail = |row: &mut ExpRow, status: &str, note: String| {
+            row.head.status = status.into();
+            row.note = note;
+            None
+        };
+        if let Err(e) = kernel.supports(&shape, dtype, device) {
+            return fail(row, "unsupported", e.to_string());
+        }
+        if let Some(why) = self.over_limit(kernel, row) {
+            return fail(row, "skipped", why);
+        }
+        let started = Instant::now();
+        let mut prepared = match kernel.prepare(&shape, self.made_inputs()) {
+            Ok(p) => p,
+            Err(e) => return fail(row, "error", e.to_string()),
+        };
+        row.prepare_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+        let mut out = Buffer::poisoned(dtype, shape.q_elems());
+        let baseline = alloc::reset_peak();
+        if let Err(e) = prepared.run(&mut out) {
+            return fail(row, "error", e.to_string());
+        }
+        // Host heap only: a CUDA variant's workspace lives on the device (its `run` allocates
+        // just the downloaded output), so the column stays empty for it.
+        if device == Device::Cpu {
+            row.scratch_mib = Some(alloc::peak_above(baseline) as f64 / (1 << 20) as f64);
+        }
+        let (passed, unwritten) = self.compare(&out.to_f32(), row);
+        Some(Ready {
+            prepared,
+            out,
+            passed,
+            unwritten,
+        })
+    }
+
+    /// Fills status, errors and timings of `row`: checked, then timed on its own.
+    pub(super) fn measure(
+        &mut self,
+        kernel: &dyn AttentionKernel,
+        device: Device,
+        reps: usize,
+        flusher: &mut CacheFlusher,
+        roof: &Roofline,
+        row: &mut ExpRow,
+    ) {
+        self.ensure_reference();
+        let Some(mut ready) = self.check(kernel, device, row) else {
+            return;
+        };
+        let timed = match ready.prepared.time_on_device(reps) {
+            Some(device_times) => device_times.map(|samples| Timing { samples }),
+            None => time_reps(reps, self.limits.seconds_per_point, flusher, || {
+                ready.prepared.run(&mut ready.out)
+            }),
+        };
+        finish_row(row, timed, roof, ready.passed, ready.unwritten);
+    }
+}
+
+/// A variant prepared, run once and checked at a point, ready to time.
+pub(super) struct Ready<'k> {
+    pub prepared: Box<dyn PreparedAttention + 'k>,
+    pub out: Buffer,
+    pub passed: bool,
+    pub unwritten: usize,
+}
+
+/// The timing columns and the status of a checked row (or status error).
+pub(super) fn finish_row(
+    row: &mut ExpRow,
+    timed: kernel_common::error::Result<Timing>,
+    roof: &Roofline,
+    passed: bool,
+    unwritten: usize,
+) {
+    match timed {
+        Ok(t) => {
+            let median = t.median();
+            row.head.set_timing(&t);
+            row.gbps = Some(row.bytes as f64 / median / 1e9);
+            row.gflops = Some(row.flops as f64 / median / 1e9);
+            let cost = kernel_common::Cost {
+                bytes: row.bytes,
+                flops: row.flops,
+            };
+            row.pct_roofline = Some(
+                100.0 * cost.roofline_seconds(roof.read_gbps * 1e9, roof.fma_gflops * 1e9) / median,
+            );
+            row.head.status = if passed { "ok" } else { "fail" }.into();
+            if unwritten > 0 {
+                row.note =
+                    format!("{unwritten} output elements non-finite (unwritten or NaN leak)");
+            }
+        }
+        Err(e) => {
+            row.head.status = "error".into();
+            row.note = e.to_string();
+        }
+    }
+}

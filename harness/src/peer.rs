@@ -1,0 +1,387 @@
+//! Peers: the production kernels a family's variants compete with (PyTorch SDPA, ...), run as
+//! external programs registered under `scripts/peers/<name>/peer.toml` and timed in the same
+//! run, in alternating rounds with our variants (tritonbench's registered baselines,
+//! llama.cpp's `llama-bench` beside ours). A peer is one long-lived process per run that
+//! speaks JSON lines on stdin/stdout:
+//!
+//! - `{"op":"hello"}` → `{"ok":true,"version":"torch 2.15.0"}`, or
+//!   `{"ok":false,"unavailable":"how to install it"}`;
+//! - `{"op":"load","inputs":PATH,"point":{...},"threads":N}` → `{"ok":true}` — PATH is a
+//!   safetensors case file in `harness replay`'s schema, holding the point's own seeded
+//!   inputs; `{"ok":false,"unsupported":"why"}` when the peer cannot do this point;
+//! - `{"op":"run","out":PATH}` → `{"ok":true}` after writing its output as tensor `out`
+//!   (f32) to PATH, which the harness checks against the f64 reference like a variant's;
+//! - `{"op":"time","reps":N}` → `{"ok":true,"times_ms":[...]}`.
+//!
+//! Any other reply is `{"ok":false,"error":"..."}`. A peer whose program is missing is
+//! `unavailable` (with the install command); one that crashes, prints garbage or exceeds its
+//! timeout is an `error` carrying the last line of its stderr, and the run goes on.
+
+use crate::error::{HarnessError, Result};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+/// A peer's `peer.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub name: String,
+    /// One line for `harness list` and the reports.
+    pub about: String,
+    /// Families whose experiments it serves.
+    pub families: Vec<String>,
+    /// Modes (attention: decode, append, prefill) it serves; empty = all.
+    #[serde(default)]
+    pub modes: Vec<String>,
+    /// The program and its arguments: `{python}` is the peers' Python
+    /// (`WORKBENCH_PEER_PYTHON`, else `target/peers/venv/bin/python` of the checkout),
+    /// `{dir}` this manifest's folder.
+    pub command: Vec<String>,
+    /// The command that installs what it needs.
+    pub install: String,
+    /// Seconds one request may take before the peer is killed.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+fn default_timeout() -> f64 {
+    120.0
+}
+
+/// The manifests of `names` under `peers_dir`, each serving `family`; a bad name or a peer of
+/// another family is one line naming the ones there are.
+pub fn manifests(peers_dir: &Path, names: &[String], family: &str) -> Result<Vec<Manifest>> {
+    let known = list(peers_dir);
+    names
+        .iter()
+        .map(|name| {
+            let path = peers_dir.join(name).join("peer.toml");
+            let text = std::fs::read_to_string(&path).map_err(|_| {
+                HarnessError::Usage(format!(
+                    "unknown peer '{name}' (no {}; peers: {})",
+                    path.display(),
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ))
+            })?;
+            let mut m: Manifest = toml::from_str(&text).map_err(|e| {
+                HarnessError::Usage(format!(
+                    "{}: {}",
+                    path.display(),
+                    e.message().replace('\n', " ")
+                ))
+            })?;
+            if !m.families.iter().any(|f| f == family) {
+                return Err(HarnessError::Usage(format!(
+                    "peer '{name}' serves {} experiments, not {family}",
+                    m.families.join(", ")
+                )));
+            }
+            m.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            Ok(m)
+        })
+        .collect()
+}
+
+/// The names of the peers registered under `peers_dir`.
+pub fn list(peers_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(peers_dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("peer.toml").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Why a request to a peer gave no answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PeerError {
+    /// Not installed: the row says `unavailable` and how to install it.
+    Unavailable(String),
+    /// The peer cannot do this point: `unsupported`.
+    Unsupported(String),
+    /// Crashed, timed out, printed garbage, or said `error`: `error`.
+    Failed(String),
+}
+
+/// A running peer.
+pub struct Peer {
+    pub manifest: Manifest,
+    /// Its own version line, from `hello`.
+    pub version: String,
+    state: State,
+}
+
+enum State {
+    Running {
+        child: Child,
+        stdin: ChildStdin,
+        lines: Receiver<String>,
+        stderr: PathBuf,
+    },
+    Down(PeerError),
+}
+
+impl Peer {
+    /// Starts the peer's program and greets it; a peer that cannot start is kept as
+    /// unavailable (or failed), and every request then answers with that.
+    pub fn start(manifest: Manifest, root: &Path, scratch: &Path) -> Peer {
+        let mut peer = Peer {
+            version: String::new(),
+            state: State::Down(PeerError::Unavailable(String::new())),
+            manifest,
+        };
+        peer.state = match peer.spawn(root, scratch) {
+            Ok(state) => state,
+            Err(e) => State::Down(e),
+        };
+        if let State::Running { .. } = peer.state {
+            match peer.request(json!({"op": "hello"})) {
+                Ok(reply) => {
+                    peer.version = reply["version"].as_str().unwrap_or("").to_string();
+                }
+                Err(e) => peer.down(e),
+            }
+        }
+        peer
+    }
+
+    fn spawn(&self, root: &Path, scratch: &Path) -> std::result::Result<State, PeerError> {
+        let m = &self.manifest;
+        let unavailable =
+            |why: String| PeerError::Unavailable(format!("{why}; install with {}", m.install));
+        let python = match std::env::var_os("WORKBENCH_PEER_PYTHON") {
+            Some(p) => PathBuf::from(p),
+            None => root.join("target/peers/venv/bin/python"),
+        };
+        let args: Vec<String> = m
+            .command
+            .iter()
+            .map(|a| {
+                a.replace("{python}", &python.display().to_string())
+                    .replace("{dir}", &m.dir.display().to_string())
+            })
+            .collect();
+        let (program, rest) = args
+            .split_first()
+            .ok_or_else(|| PeerError::Failed(format!("peer {}: empty command", m.name)))?;
+        let stderr = scratch.join(format!("{}.stderr", m.name));
+        let err_file = std::fs::File::create(&stderr)
+            .map_err(|e| PeerError::Failed(format!("creating {}: {e}", stderr.display())))?;
+        let mut child = Command::new(program)
+            .args(rest)
+            .current_dir(&m.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(err_file)
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                    unavailable(format!("{program} is not there ({e})"))
+                }
+                _ => PeerError::Failed(format!("starting {program}: {e}")),
+            })?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(State::Running {
+            child,
+            stdin,
+            lines,
+            stderr,
+        })
+    }
+
+    /// Whether the peer is up (a request can still succeed).
+    pub fn is_up(&self) -> bool {
+        matches!(self.state, State::Running { .. })
+    }
+
+    /// Why the peer is down, if it is.
+    pub fn down_reason(&self) -> Option<PeerError> {
+        match &self.state {
+            State::Down(e) => Some(e.clone()),
+            State::Running { .. } => None,
+        }
+    }
+
+    fn down(&mut self, e: PeerError) {
+        if let State::Running { child, .. } = &mut self.state {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.state = State::Down(e);
+    }
+
+    /// Sends one request and waits for its reply (at most the manifest's timeout). A reply
+    /// `{"ok":false,"unsupported":...}` leaves the peer up; a crash, a timeout, garbage or
+    /// `unavailable` takes it down for the rest of the run.
+    pub fn request(&mut self, req: Value) -> std::result::Result<Value, PeerError> {
+        let name = self.manifest.name.clone();
+        let timeout = Duration::from_secs_f64(self.manifest.timeout_s.max(0.001));
+        let State::Running {
+            child,
+            stdin,
+            lines,
+            stderr,
+        } = &mut self.state
+        else {
+            let State::Down(e) = &self.state else {
+                unreachable!()
+            };
+            return Err(e.clone());
+        };
+        let last_stderr = |path: &Path| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .map(String::from)
+                })
+                .unwrap_or_else(|| "(nothing on stderr)".into())
+        };
+        let sent = writeln!(stdin, "{req}").and_then(|_| stdin.flush());
+        let reply = match sent {
+            Err(e) => Err(format!("peer {name} stopped reading ({e})")),
+            Ok(()) => match lines.recv_timeout(timeout) {
+                Ok(line) => Ok(line),
+                Err(RecvTimeoutError::Timeout) => Err(format!(
+                    "peer {name} gave no answer within {} s",
+                    self.manifest.timeout_s
+                )),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().map_or("?".to_string(), |s| s.to_string());
+                    Err(format!(
+                        "peer {name} exited ({status}): {}",
+                        last_stderr(stderr)
+                    ))
+                }
+            },
+        };
+        let outcome: std::result::Result<Value, PeerError> = match reply {
+            Err(why) => Err(PeerError::Failed(why)),
+            Ok(line) => match serde_json::from_str::<Value>(&line) {
+                Err(_) => Err(PeerError::Failed(format!(
+                    "peer {name} printed something that is not JSON: {}",
+                    line.chars().take(120).collect::<String>()
+                ))),
+                Ok(v) if v["ok"] == json!(true) => return Ok(v),
+                Ok(v) => {
+                    if let Some(why) = v["unsupported"].as_str() {
+                        return Err(PeerError::Unsupported(why.to_string()));
+                    }
+                    if let Some(why) = v["unavailable"].as_str() {
+                        Err(PeerError::Unavailable(format!(
+                            "{why}; install with {}",
+                            self.manifest.install
+                        )))
+                    } else {
+                        // The peer answered: it failed this request but is still up.
+                        let why = v["error"].as_str().unwrap_or("no reason given");
+                        return Err(PeerError::Failed(format!("peer {name}: {why}")));
+                    }
+                }
+            },
+        };
+        let e = outcome.expect_err("Ok returned above");
+        self.down(e.clone());
+        Err(e)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let State::Running { child, .. } = &mut self.state {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Writes a case file (safetensors, `harness replay`'s schema): `family` and `meta` in the
+/// header, each tensor in its storage dtype, little-endian.
+pub fn write_case(
+    path: &Path,
+    family: &str,
+    meta: &[(&str, String)],
+    tensors: &[(&str, &kernel_common::Buffer, Vec<usize>)],
+) -> Result<()> {
+    use kernel_common::Buffer;
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let bytes: Vec<(Dtype, Vec<u8>)> = tensors
+        .iter()
+        .map(|(_, b, _)| match b {
+            Buffer::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            Buffer::F16(v) => (Dtype::F16, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            Buffer::BF16(v) => (
+                Dtype::BF16,
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+        })
+        .collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, _, shape), (dtype, data))| {
+            TensorView::new(*dtype, shape.clone(), data)
+                .map(|v| (name.to_string(), v))
+                .map_err(|e| HarnessError::Usage(format!("case file tensor {name}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut info: std::collections::HashMap<String, String> = meta
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    info.insert("family".into(), family.into());
+    safetensors::serialize_to_file(views, &Some(info), path)
+        .map_err(|e| HarnessError::Usage(format!("writing {}: {e}", path.display())))
+}
+
+/// The f32 values of tensor `out` of a peer's output file.
+pub fn read_output(path: &Path, len: usize) -> std::result::Result<Vec<f32>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("no output at {}: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("output {} is not safetensors: {e}", path.display()))?;
+    let t = st
+        .tensor("out")
+        .map_err(|_| format!("output {} has no tensor 'out'", path.display()))?;
+    if t.dtype() != safetensors::Dtype::F32 {
+        return Err(format!("output 'out' is {:?}, not F32", t.dtype()));
+    }
+    let v: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if v.len() != len {
+        return Err(format!(
+            "output 'out' has {} values, expected {len}",
+            v.len()
+        ));
+    }
+    Ok(v)
+}
