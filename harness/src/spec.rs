@@ -122,6 +122,10 @@ pub struct ReportSpec {
     /// Variant whose time the others are compared with (speed-up = its time / theirs).
     #[serde(default)]
     pub baseline: Option<String>,
+    /// A peer (`peers`) to compare with as well: a second speed-up table, its time / ours
+    /// (shown only when the run has rows of it).
+    #[serde(default)]
+    pub peer: Option<String>,
 }
 
 impl ExperimentSpec {

@@ -49,7 +49,18 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     if reps == 0 {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));
     }
-    let peer_names = if opts.peers.is_empty() {
+    // Peers run on the CPU: a spec's peers are left out of a --device cuda run, and asking
+    // for one there is an error.
+    if cuda && !opts.peers.is_empty() {
+        return Err(HarnessError::Usage(
+            "--peer: the peers run on the CPU; they cannot be timed beside --device cuda yet"
+                .into(),
+        ));
+    }
+    let no_peers = vec![];
+    let peer_names = if cuda {
+        &no_peers
+    } else if opts.peers.is_empty() {
         &spec.peers
     } else {
         &opts.peers

@@ -61,6 +61,14 @@ pub fn tables(spec: &ExperimentSpec, rows: &[ExpRow]) -> String {
     if let Some(base) = &spec.report.baseline {
         md.push_str(&speedups(rows, base));
     }
+    if let Some(peer) = &spec.report.peer {
+        if rows
+            .iter()
+            .any(|r| r.head.variant == *peer && r.head.status == "ok")
+        {
+            md.push_str(&speedups(rows, peer));
+        }
+    }
     let mut counts: BTreeMap<(String, String), usize> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.head.status != "ok") {
         *counts
