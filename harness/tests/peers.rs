@@ -268,3 +268,31 @@ fn bad_peer_names_are_one_line_and_write_nothing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("serves quant experiments"));
     assert!(!t.0.join("results/tiny_peers").exists());
 }
+
+#[test]
+fn peers_obey_the_spec_limits() {
+    if !python_present() {
+        eprintln!("SKIPPED: python3 is not on PATH (the test peer is a Python script)");
+        return;
+    }
+    let t = setup("limits");
+    let spec = t.0.join("experiments/tiny_peers.toml");
+    let text = fs::read_to_string(&spec).unwrap();
+    fs::write(
+        &spec,
+        text.replace("[plot]", "[limits]\nmax_gflop = 1e-9\n\n[plot]"),
+    )
+    .unwrap();
+    register(&t.0.join("peers"), "good", &["python3", PEER], 30.0);
+    let out = exp(&t, &["--peer", "good"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in rows(&t) {
+        assert_eq!(r[2], "skipped", "{r:?}");
+        assert!(r[3].contains("max_gflop"), "{r:?}");
+    }
+}

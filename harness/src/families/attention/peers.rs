@@ -164,6 +164,20 @@ fn check_peer(
         row.note = format!("peer serves {} only", modes.join(", "));
         return false;
     }
+    // The spec's limits hold for peers too: a point too large for our variants is not run
+    // for theirs either.
+    let limits = runner.limits();
+    let kv_mib = (2 * point.shape.kv_elems() * point.dtype.size()) as f64 / (1 << 20) as f64;
+    let gflop = row.flops as f64 / 1e9;
+    if kv_mib > limits.max_kv_mib || gflop > limits.max_gflop {
+        row.head.status = "skipped".into();
+        row.note = if kv_mib > limits.max_kv_mib {
+            format!("K+V {kv_mib:.0} MiB > max_kv_mib {}", limits.max_kv_mib)
+        } else {
+            format!("{gflop:.1} GFLOP > max_gflop {}", limits.max_gflop)
+        };
+        return false;
+    }
     let s = point.shape;
     let out = scratch.join(format!("{}.out.safetensors", peer.manifest.name));
     let _ = std::fs::remove_file(&out);

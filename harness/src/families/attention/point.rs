@@ -154,6 +154,11 @@ impl<'a> PointRunner<'a> {
         self.point
     }
 
+    /// The spec's limits.
+    pub(super) fn limits(&self) -> &Limits {
+        self.limits
+    }
+
     /// Makes the inputs and the reference rows, once per point.
     pub(super) fn ensure_reference(&mut self) {
         if self.reference.is_none() {
