@@ -208,14 +208,15 @@ fn peers_are_checked_timed_and_their_failures_recorded() {
             _ => assert!(r[4].is_empty()),
         }
     }
-    // Rounds alternate: good and twin take turns at every point (4 reps each).
+    // Rounds alternate: good and twin take turns, 4 rounds beside each of the 2 variants at
+    // each of the 2 points.
     let ops: Vec<String> = fs::read_to_string(&log)
         .unwrap()
         .lines()
         .filter(|l| l.ends_with(" time"))
         .map(|l| l.split(' ').next().unwrap().to_string())
         .collect();
-    assert_eq!(ops.len(), 2 * 2 * 4, "{ops:?}");
+    assert_eq!(ops.len(), 2 * 2 * 4 * 2, "{ops:?}");
     for pair in ops.chunks(2) {
         assert_eq!(pair, ["good", "twin"], "rounds alternate: {ops:?}");
     }

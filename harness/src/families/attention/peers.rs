@@ -1,10 +1,8 @@
-//! An attention point with peers (`peers = ["torch_sdpa"]`, `--peer`): every variant and
-//! every peer is checked first — a peer gets the point's own seeded q, k, v as a case file,
-//! writes its output, and that output is compared with the f64 reference rows exactly like a
-//! variant's — then all of them are timed in alternating rounds (repetition i of each before
-//! repetition i + 1 of any, caches flushed before our calls), so the shared machine's drift
-//! hits both sides alike. Stops after `reps` rounds, or after 3 once the point has used
-//! `seconds_per_point` per row.
+//! An attention point with peers (`peers = ["torch_sdpa"]`, `--peer`): a peer gets the
+//! point's own seeded q, k, v as a case file, writes its output, and that output is compared
+//! with the f64 reference rows exactly like a variant's; then each variant is timed in rounds
+//! alternating with the peers (repetition i of each before repetition i + 1 of any, caches
+//! flushed before every call), so the shared machine's drift hits both sides alike.
 
 use super::cols::ExpRow;
 use super::point::{finish_row, PointRunner, Ready};
@@ -17,13 +15,19 @@ use kernel_common::Device;
 use serde_json::json;
 use std::path::Path;
 
-/// What is timed in the rounds: a checked variant, or a checked peer (by index).
-enum Timed<'k> {
-    Variant(Ready<'k>),
-    Peer(usize),
+/// A checked peer's place in the rows, its samples so far, and why it stopped, if it did.
+struct PeerTiming {
+    peer: usize,
+    row: usize,
+    samples: Vec<f64>,
+    error: Option<String>,
 }
 
-/// The rows of one point: variants first, then peers, in the order given.
+/// The rows of one point: variants first, then peers, in the order given. The peers are
+/// checked first; then each variant in turn is prepared, checked and timed in rounds that
+/// alternate with every peer (variant, peer 1, peer 2, variant, ...), and dropped before
+/// the next is prepared — one variant's memory at a time, as without peers. A peer's row
+/// gathers its samples from all those rounds (alone when no variant runs at the point).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn measure_point(
     runner: &mut PointRunner,
@@ -40,80 +44,101 @@ pub(super) fn measure_point(
     let (run_id, exp) = ids;
     runner.ensure_reference();
     let runner = &*runner;
-    let mut rows = vec![];
-    let mut timed: Vec<(usize, Timed)> = vec![];
-    for kernel in kernels {
-        let mut row = runner.row(kernel.as_ref(), run_id, exp, device, roof);
-        if let Some(ready) = runner.check(kernel.as_ref(), device, &mut row) {
-            timed.push((rows.len(), Timed::Variant(ready)));
-        }
-        rows.push(row);
-    }
     let case = scratch.join("point.safetensors");
     write_point(runner, &case)?;
+    let mut peer_rows = vec![];
+    let mut timings = vec![];
     for (p, peer) in peers.iter_mut().enumerate() {
         let shape = runner.point().shape;
         let cost = shape.io_cost(runner.point().dtype);
         let mut row = runner.row_named(&peer.manifest.name, cost, run_id, exp, device, roof);
         row.head.peer_version = peer.version.clone();
         if check_peer(runner, peer, &case, scratch, &mut row) {
-            timed.push((rows.len(), Timed::Peer(p)));
+            timings.push(PeerTiming {
+                peer: p,
+                row: peer_rows.len(),
+                samples: vec![],
+                error: None,
+            });
+        }
+        peer_rows.push(row);
+    }
+    let mut rows = vec![];
+    let mut any_variant = false;
+    for kernel in kernels {
+        let mut row = runner.row(kernel.as_ref(), run_id, exp, device, roof);
+        if let Some(mut ready) = runner.check(kernel.as_ref(), device, &mut row) {
+            any_variant = true;
+            let ours = rounds(
+                Some(&mut ready),
+                peers,
+                &mut timings,
+                reps,
+                seconds_per_point,
+                flusher,
+            );
+            finish_row(&mut row, ours, roof, ready.passed, ready.unwritten);
         }
         rows.push(row);
     }
-    // Alternating rounds.
-    let mut samples: Vec<Vec<f64>> = vec![vec![]; timed.len()];
-    let mut errors: Vec<Option<String>> = vec![None; timed.len()];
-    let budget = seconds_per_point * timed.len() as f64;
+    if !any_variant {
+        // Nothing of ours runs here: the peers are timed on their own.
+        let _ = rounds(None, peers, &mut timings, reps, seconds_per_point, flusher);
+    }
+    for t in timings {
+        let row = &mut peer_rows[t.row];
+        if let Some(e) = t.error {
+            row.head.status = "error".into();
+            row.note = e;
+            continue;
+        }
+        let passed = row.head.status == "ok";
+        let samples = Timing { samples: t.samples };
+        finish_row(row, Ok(samples), roof, passed, 0);
+    }
+    rows.extend(peer_rows);
+    Ok(rows)
+}
+
+/// Up to `reps` rounds of one call of `ours` (if any) then one of each live peer, caches
+/// flushed before each call; at least 3 rounds, then stops once the rounds used
+/// `seconds_per_point` per participant. Our timing, or why it failed.
+fn rounds(
+    mut ours: Option<&mut Ready>,
+    peers: &mut [Peer],
+    timings: &mut [PeerTiming],
+    reps: usize,
+    seconds_per_point: f64,
+    flusher: &mut CacheFlusher,
+) -> kernel_common::error::Result<Timing> {
+    let mut samples = vec![];
+    let participants = ours.is_some() as usize + timings.len();
+    let budget = seconds_per_point * participants as f64;
     let mut spent = 0.0;
     for round in 0..reps.max(1) {
         if round >= 3 && spent > budget {
             break;
         }
-        for (i, (_, t)) in timed.iter_mut().enumerate() {
-            if errors[i].is_some() {
-                continue;
-            }
-            let sample = match t {
-                Timed::Variant(ready) => time_reps(1, f64::INFINITY, flusher, || {
-                    ready.prepared.run(&mut ready.out)
-                })
-                .map(|t| t.samples[0])
-                .map_err(|e| e.to_string()),
-                Timed::Peer(p) => {
-                    // The caches are the machine's: evict them before the peer's call too.
-                    flusher.flush();
-                    time_peer(&mut peers[*p])
-                }
-            };
-            match sample {
+        if let Some(ready) = ours.as_deref_mut() {
+            let t = time_reps(1, f64::INFINITY, flusher, || {
+                ready.prepared.run(&mut ready.out)
+            })?;
+            spent += t.samples[0];
+            samples.push(t.samples[0]);
+        }
+        for t in timings.iter_mut().filter(|t| t.error.is_none()) {
+            // The caches are the machine's: evict them before the peer's call too.
+            flusher.flush();
+            match time_peer(&mut peers[t.peer]) {
                 Ok(s) => {
                     spent += s;
-                    samples[i].push(s);
+                    t.samples.push(s);
                 }
-                Err(e) => errors[i] = Some(e),
+                Err(e) => t.error = Some(e),
             }
         }
     }
-    for (i, (r, t)) in timed.iter().enumerate() {
-        let (passed, unwritten) = match t {
-            Timed::Variant(ready) => (ready.passed, ready.unwritten),
-            Timed::Peer(_) => (rows[*r].head.status == "ok", 0),
-        };
-        match &errors[i] {
-            Some(e) => {
-                rows[*r].head.status = "error".into();
-                rows[*r].note = e.clone();
-            }
-            None => {
-                let t = Timing {
-                    samples: samples[i].clone(),
-                };
-                finish_row(&mut rows[*r], Ok(t), roof, passed, unwritten);
-            }
-        }
-    }
-    Ok(rows)
+    Ok(Timing { samples })
 }
 
 /// The point's q, k, v in their storage dtype, as an attention case file.
