@@ -42,32 +42,51 @@ pub(super) fn measure_point(
     roof: &Roofline,
 ) -> Result<Vec<ExpRow>> {
     let (run_id, exp) = ids;
-    runner.ensure_reference();
-    let runner = &*runner;
-    let case = scratch.join("point.safetensors");
-    write_point(runner, &case)?;
+    // Who runs here is known before any input exists: a point that every variant and peer
+    // skips (a K+V over the limit) makes no inputs at all.
+    let mut rows: Vec<ExpRow> = vec![];
+    let mut runs = vec![];
+    for kernel in kernels {
+        let mut row = runner.row(kernel.as_ref(), run_id, exp, device, roof);
+        runs.push(runner.precheck(kernel.as_ref(), device, &mut row));
+        rows.push(row);
+    }
     let mut peer_rows = vec![];
-    let mut timings = vec![];
-    for (p, peer) in peers.iter_mut().enumerate() {
+    let mut peer_runs = vec![];
+    for peer in peers.iter() {
         let shape = runner.point().shape;
         let cost = shape.io_cost(runner.point().dtype);
         let mut row = runner.row_named(&peer.manifest.name, cost, run_id, exp, device, roof);
         row.head.peer_version = peer.version.clone();
-        if check_peer(runner, peer, &case, scratch, &mut row) {
+        peer_runs.push(peer_precheck(runner, peer, &mut row));
+        peer_rows.push(row);
+    }
+    if !runs.iter().chain(&peer_runs).any(|&r| r) {
+        rows.extend(peer_rows);
+        return Ok(rows);
+    }
+    runner.ensure_reference();
+    let runner = &*runner;
+    let case = scratch.join("point.safetensors");
+    write_point(runner, &case)?;
+    let mut timings = vec![];
+    for (p, peer) in peers.iter_mut().enumerate() {
+        if peer_runs[p] && check_peer(runner, peer, &case, scratch, &mut peer_rows[p]) {
             timings.push(PeerTiming {
                 peer: p,
-                row: peer_rows.len(),
+                row: p,
                 samples: vec![],
                 error: None,
             });
         }
-        peer_rows.push(row);
     }
-    let mut rows = vec![];
     let mut any_variant = false;
-    for kernel in kernels {
-        let mut row = runner.row(kernel.as_ref(), run_id, exp, device, roof);
-        if let Some(mut ready) = runner.check(kernel.as_ref(), device, &mut row) {
+    for (k, kernel) in kernels.iter().enumerate() {
+        if !runs[k] {
+            continue;
+        }
+        let row = &mut rows[k];
+        if let Some(mut ready) = runner.check(kernel.as_ref(), device, row) {
             any_variant = true;
             let ours = rounds(
                 Some(&mut ready),
@@ -77,9 +96,8 @@ pub(super) fn measure_point(
                 seconds_per_point,
                 flusher,
             );
-            finish_row(&mut row, ours, roof, ready.passed, ready.unwritten);
+            finish_row(row, ours, roof, ready.passed, ready.unwritten);
         }
-        rows.push(row);
     }
     if !any_variant {
         // Nothing of ours runs here: the peers are timed on their own.
@@ -172,16 +190,10 @@ fn write_point(runner: &PointRunner, path: &Path) -> Result<()> {
     )
 }
 
-/// Loads the point into the peer, runs it once and checks its output; fills the error
-/// columns (status ok/fail is set by the timing) or status unavailable, unsupported or
-/// error. Returns whether the peer is to be timed.
-fn check_peer(
-    runner: &PointRunner,
-    peer: &mut Peer,
-    case: &Path,
-    scratch: &Path,
-    row: &mut ExpRow,
-) -> bool {
+/// Whether the peer runs at this point: its modes and the spec's limits (which hold for
+/// peers too: a point too large for our variants is not run for theirs either); when not, the
+/// row says why.
+fn peer_precheck(runner: &PointRunner, peer: &Peer, row: &mut ExpRow) -> bool {
     let point = runner.point();
     let modes = &peer.manifest.modes;
     if !modes.is_empty() && !modes.contains(&point.mode) {
@@ -189,8 +201,6 @@ fn check_peer(
         row.note = format!("peer serves {} only", modes.join(", "));
         return false;
     }
-    // The spec's limits hold for peers too: a point too large for our variants is not run
-    // for theirs either.
     let limits = runner.limits();
     let kv_mib = (2 * point.shape.kv_elems() * point.dtype.size()) as f64 / (1 << 20) as f64;
     let gflop = row.flops as f64 / 1e9;
@@ -203,6 +213,20 @@ fn check_peer(
         };
         return false;
     }
+    true
+}
+
+/// Loads the point into the peer, runs it once and checks its output; fills the error
+/// columns (status ok/fail is set by the timing) or status unavailable, unsupported or
+/// error. Returns whether the peer is to be timed.
+fn check_peer(
+    runner: &PointRunner,
+    peer: &mut Peer,
+    case: &Path,
+    scratch: &Path,
+    row: &mut ExpRow,
+) -> bool {
+    let point = runner.point();
     let s = point.shape;
     let out = scratch.join(format!("{}.out.safetensors", peer.manifest.name));
     let _ = std::fs::remove_file(&out);

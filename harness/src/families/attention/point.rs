@@ -201,6 +201,28 @@ impl<'a> PointRunner<'a> {
     /// Supports, limits, prepare (untimed), one run on NaN-poisoned output and the check:
     /// fills the error columns (or status unsupported, skipped or error) and returns the
     /// variant ready to time. Call `ensure_reference` first.
+    /// Whether `kernel` runs at this point: `supports` and the spec's limits, neither of which
+    /// needs the inputs; when not, the row says why (unsupported or skipped).
+    pub(super) fn precheck(
+        &self,
+        kernel: &dyn AttentionKernel,
+        device: Device,
+        row: &mut ExpRow,
+    ) -> bool {
+        let why = match kernel.supports(&self.point.shape, self.point.dtype, device) {
+            Err(e) => Some(("unsupported", e.to_string())),
+            Ok(()) => self.over_limit(kernel, row).map(|w| ("skipped", w)),
+        };
+        match why {
+            Some((status, note)) => {
+                row.head.status = status.into();
+                row.note = note;
+                false
+            }
+            None => true,
+        }
+    }
+
     pub(super) fn check<'k>(
         &'k self,
         kernel: &'k dyn AttentionKernel,
@@ -213,11 +235,8 @@ impl<'a> PointRunner<'a> {
             row.note = note;
             None
         };
-        if let Err(e) = kernel.supports(&shape, dtype, device) {
-            return fail(row, "unsupported", e.to_string());
-        }
-        if let Some(why) = self.over_limit(kernel, row) {
-            return fail(row, "skipped", why);
+        if !self.precheck(kernel, device, row) {
+            return None;
         }
         let started = Instant::now();
         let mut prepared = match kernel.prepare(&shape, self.made_inputs()) {
