@@ -46,7 +46,10 @@ impl CaseFile {
             .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
         let meta = header.metadata().clone().unwrap_or_default();
         let family = meta.get("family").cloned().ok_or_else(|| {
-            bad("__metadata__ has no \"family\" (attention, paged, quant, moe)".into())
+            bad(
+                "__metadata__ has no \"family\" (`harness list` shows the families marked replay)"
+                    .into(),
+            )
         })?;
         let needs = replayable(&family).map_err(bad)?;
         let mut tensors = BTreeMap::new();
