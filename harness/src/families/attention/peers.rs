@@ -110,6 +110,12 @@ pub(super) fn measure_point(
             row.note = e;
             continue;
         }
+        if t.samples.is_empty() {
+            // Every round stopped at a variant's timing error before reaching the peer.
+            row.head.status = "error".into();
+            row.note = "not timed: the rounds stopped at a variant's error".into();
+            continue;
+        }
         let passed = row.head.status == "ok";
         let samples = Timing { samples: t.samples };
         finish_row(row, Ok(samples), roof, passed, 0);
