@@ -117,6 +117,15 @@ pub enum PeerError {
     Failed(String),
 }
 
+impl PeerError {
+    /// The reason, whatever the kind.
+    pub fn why(self) -> String {
+        match self {
+            PeerError::Unavailable(w) | PeerError::Unsupported(w) | PeerError::Failed(w) => w,
+        }
+    }
+}
+
 /// A running peer.
 pub struct Peer {
     pub manifest: Manifest,

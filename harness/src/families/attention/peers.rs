@@ -207,16 +207,9 @@ fn peer_precheck(runner: &PointRunner, peer: &Peer, row: &mut ExpRow) -> bool {
         row.note = format!("peer serves {} only", modes.join(", "));
         return false;
     }
-    let limits = runner.limits();
-    let kv_mib = (2 * point.shape.kv_elems() * point.dtype.size()) as f64 / (1 << 20) as f64;
-    let gflop = row.flops as f64 / 1e9;
-    if kv_mib > limits.max_kv_mib || gflop > limits.max_gflop {
+    if let Some(why) = runner.point_over_limit(row.flops) {
         row.head.status = "skipped".into();
-        row.note = if kv_mib > limits.max_kv_mib {
-            format!("K+V {kv_mib:.0} MiB > max_kv_mib {}", limits.max_kv_mib)
-        } else {
-            format!("{gflop:.1} GFLOP > max_gflop {}", limits.max_gflop)
-        };
+        row.note = why;
         return false;
     }
     true
@@ -274,9 +267,7 @@ fn check_peer(
 fn time_peer(peer: &mut Peer) -> std::result::Result<f64, String> {
     let reply = peer
         .request(json!({"op": "time", "reps": 1}))
-        .map_err(|e| match e {
-            PeerError::Unavailable(w) | PeerError::Unsupported(w) | PeerError::Failed(w) => w,
-        })?;
+        .map_err(PeerError::why)?;
     reply["times_ms"]
         .as_array()
         .and_then(|t| t.first())

@@ -94,13 +94,12 @@ impl<'a> PointRunner<'a> {
         )
     }
 
-    /// Why the limits skip this variant here, if they do.
-    fn over_limit(&self, kernel: &dyn AttentionKernel, row: &ExpRow) -> Option<String> {
+    /// Why the spec's limits on the point itself (its K+V and the call's `flops`) skip it,
+    /// if they do: the same for variants and peers.
+    pub(super) fn point_over_limit(&self, flops: u64) -> Option<String> {
         let s = &self.point.shape;
         let kv_mib = (2 * s.kv_elems() * self.point.dtype.size()) as f64 / (1 << 20) as f64;
-        let gflop = row.flops as f64 / 1e9;
-        let scratch_mib =
-            kernel.workspace_bytes(s, rayon::current_num_threads()) as f64 / (1 << 20) as f64;
+        let gflop = flops as f64 / 1e9;
         if kv_mib > self.limits.max_kv_mib {
             Some(format!(
                 "K+V {kv_mib:.0} MiB > max_kv_mib {}",
@@ -111,14 +110,24 @@ impl<'a> PointRunner<'a> {
                 "{gflop:.1} GFLOP > max_gflop {}",
                 self.limits.max_gflop
             ))
-        } else if scratch_mib > self.limits.max_scores_mib {
-            Some(format!(
-                "workspace {scratch_mib:.0} MiB > max_scores_mib {}",
-                self.limits.max_scores_mib
-            ))
         } else {
             None
         }
+    }
+
+    /// Why the limits skip this variant here, if they do: the point's, then its workspace.
+    fn over_limit(&self, kernel: &dyn AttentionKernel, row: &ExpRow) -> Option<String> {
+        let s = &self.point.shape;
+        let scratch_mib =
+            kernel.workspace_bytes(s, rayon::current_num_threads()) as f64 / (1 << 20) as f64;
+        self.point_over_limit(row.flops).or_else(|| {
+            (scratch_mib > self.limits.max_scores_mib).then(|| {
+                format!(
+                    "workspace {scratch_mib:.0} MiB > max_scores_mib {}",
+                    self.limits.max_scores_mib
+                )
+            })
+        })
     }
 
     /// Rows checked against the reference: first and last batch entry, first, middle and
@@ -152,11 +161,6 @@ impl<'a> PointRunner<'a> {
     /// The point.
     pub(super) fn point(&self) -> &Point {
         self.point
-    }
-
-    /// The spec's limits.
-    pub(super) fn limits(&self) -> &Limits {
-        self.limits
     }
 
     /// Makes the inputs and the reference rows, once per point.
