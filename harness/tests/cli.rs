@@ -5,30 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
 const REPO_ROOFLINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/roofline");
-
-/// A fresh folder under the system temp dir, removed when dropped (also when a test fails).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("harness-cli-{}-{test}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn join(&self, part: &str) -> PathBuf {
-        self.0.join(part)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Kills a spawned harness if the test ends before it does.
 struct KillOnDrop(Child);
@@ -231,7 +212,7 @@ struct Setup {
 
 impl Setup {
     fn new(test: &str) -> Setup {
-        let tmp = TempDir::new(test);
+        let tmp = TempDir::new("cli", test);
         let exps = tmp.join("experiments");
         let results = tmp.join("results");
         fs::create_dir_all(&exps).unwrap();
@@ -485,7 +466,7 @@ fn bad_moe_grids_are_one_line() {
 
 #[test]
 fn kv_calculator_is_exact() {
-    let tmp = TempDir::new("kv_calc");
+    let tmp = TempDir::new("cli", "kv_calc");
     let results = tmp.join("results");
     seed_roofline(&results);
     let r = results.to_str().unwrap();
@@ -776,7 +757,7 @@ y = {{ decode = "gbps" }}
 
 #[test]
 fn check_writes_passing_rows() {
-    let tmp = TempDir::new("check");
+    let tmp = TempDir::new("cli", "check");
     let results = tmp.join("results");
     let out = harness(&[
         "check",
@@ -814,7 +795,7 @@ fn check_passes_at_every_narrower_isa() {
             eprintln!("skipped: isa {isa} (not narrower than this CPU's widest, or absent)");
             continue;
         }
-        let tmp = TempDir::new(&format!("check-{isa}"));
+        let tmp = TempDir::new("cli", &format!("check-{isa}"));
         let results = tmp.join("results");
         let out = harness(&[
             "--isa",
@@ -924,7 +905,7 @@ fn harness_in(dir: &Path, root: Option<&Path>, args: &[&str]) -> Output {
 #[test]
 fn default_folders_come_from_where_the_user_stands() {
     // Outside any checkout: one line saying how to name one, exit 2.
-    let outside = TempDir::new("outside");
+    let outside = TempDir::new("cli", "outside");
     let out = harness_in(&outside.0, None, &["exp", "naive_vs_flash2", "--quick"]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
@@ -932,7 +913,7 @@ fn default_folders_come_from_where_the_user_stands() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     // Another checkout (a folder with a [workspace] Cargo.toml and experiments/): its specs
     // are the ones listed, from the folder itself and from below it.
-    let other = TempDir::new("other-checkout");
+    let other = TempDir::new("cli", "other-checkout");
     fs::write(other.join("Cargo.toml"), "[workspace]\nmembers = []\n").unwrap();
     fs::create_dir_all(other.join("experiments")).unwrap();
     fs::create_dir_all(other.join("deep/er")).unwrap();

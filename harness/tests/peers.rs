@@ -8,27 +8,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
 const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/pyattn.py");
 const REPO_ROOFLINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/roofline");
-
-/// A fresh folder, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("harness-peers-{}-{test}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn python_present() -> bool {
     Command::new("python3")
@@ -54,10 +39,10 @@ fn register(peers: &Path, name: &str, command: &[&str], timeout_s: f64) {
 
 /// A checkout-like folder: experiments/tiny_peers.toml, results/roofline seeded, peers/.
 fn setup(test: &str) -> TempDir {
-    let t = TempDir::new(test);
-    fs::create_dir_all(t.0.join("experiments")).unwrap();
+    let t = TempDir::new("peers", test);
+    fs::create_dir_all(t.join("experiments")).unwrap();
     fs::write(
-        t.0.join("experiments/tiny_peers.toml"),
+        t.join("experiments/tiny_peers.toml"),
         r#"name = "tiny_peers"
 question = "Do peers run beside the variants?"
 claims = ["C8"]
@@ -85,7 +70,7 @@ baseline = "good"
 "#,
     )
     .unwrap();
-    let roof = t.0.join("results/roofline");
+    let roof = t.join("results/roofline");
     fs::create_dir_all(&roof).unwrap();
     for e in fs::read_dir(REPO_ROOFLINE).into_iter().flatten().flatten() {
         let _ = fs::copy(e.path(), roof.join(e.file_name()));
@@ -100,11 +85,11 @@ fn exp(t: &TempDir, extra: &[&str]) -> Output {
         "--threads".into(),
         "1".into(),
         "--experiments-dir".into(),
-        t.0.join("experiments").display().to_string(),
+        t.join("experiments").display().to_string(),
         "--results-dir".into(),
-        t.0.join("results").display().to_string(),
+        t.join("results").display().to_string(),
         "--peers-dir".into(),
-        t.0.join("peers").display().to_string(),
+        t.join("peers").display().to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     Command::new(BIN).args(&args).output().unwrap()
@@ -112,7 +97,7 @@ fn exp(t: &TempDir, extra: &[&str]) -> Output {
 
 /// The rows of the run's CSV as (variant, mode, status, note, peer_version, median_ms, seed).
 fn rows(t: &TempDir) -> Vec<Vec<String>> {
-    let dir = t.0.join("results/tiny_peers");
+    let dir = t.join("results/tiny_peers");
     let csv_path = fs::read_dir(&dir)
         .unwrap()
         .flatten()
@@ -147,8 +132,8 @@ fn peers_are_checked_timed_and_their_failures_recorded() {
         return;
     }
     let t = setup("statuses");
-    let peers = t.0.join("peers");
-    let log = t.0.join("good.log");
+    let peers = t.join("peers");
+    let log = t.join("good.log");
     let log_s = log.display().to_string();
     register(
         &peers,
@@ -249,15 +234,15 @@ fn peers_are_checked_timed_and_their_failures_recorded() {
 #[test]
 fn bad_peer_names_are_one_line_and_write_nothing() {
     let t = setup("bad_names");
-    fs::create_dir_all(t.0.join("peers")).unwrap();
+    fs::create_dir_all(t.join("peers")).unwrap();
     let out = exp(&t, &["--peer", "no_such_peer"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown peer 'no_such_peer'"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(!t.0.join("results/tiny_peers").exists());
+    assert!(!t.join("results/tiny_peers").exists());
     // A peer of another family.
-    let dir = t.0.join("peers/linear");
+    let dir = t.join("peers/linear");
     fs::create_dir_all(&dir).unwrap();
     fs::write(
         dir.join("peer.toml"),
@@ -267,7 +252,7 @@ fn bad_peer_names_are_one_line_and_write_nothing() {
     let out = exp(&t, &["--peer", "linear"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("serves quant experiments"));
-    assert!(!t.0.join("results/tiny_peers").exists());
+    assert!(!t.join("results/tiny_peers").exists());
 }
 
 #[test]
@@ -277,14 +262,14 @@ fn peers_obey_the_spec_limits() {
         return;
     }
     let t = setup("limits");
-    let spec = t.0.join("experiments/tiny_peers.toml");
+    let spec = t.join("experiments/tiny_peers.toml");
     let text = fs::read_to_string(&spec).unwrap();
     fs::write(
         &spec,
         text.replace("[plot]", "[limits]\nmax_gflop = 1e-9\n\n[plot]"),
     )
     .unwrap();
-    register(&t.0.join("peers"), "good", &["python3", PEER], 30.0);
+    register(&t.join("peers"), "good", &["python3", PEER], 30.0);
     let out = exp(&t, &["--peer", "good"]);
     assert_eq!(
         out.status.code(),
