@@ -222,11 +222,6 @@ impl Peer {
         })
     }
 
-    /// Whether the peer is up (a request can still succeed).
-    pub fn is_up(&self) -> bool {
-        matches!(self.state, State::Running { .. })
-    }
-
     /// Why the peer is down, if it is.
     pub fn down_reason(&self) -> Option<PeerError> {
         match &self.state {

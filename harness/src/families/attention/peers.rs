@@ -43,7 +43,7 @@ pub(super) fn measure_point(
 ) -> Result<Vec<ExpRow>> {
     let (run_id, exp) = ids;
     // Who runs here is known before any input exists: a point that every variant and peer
-    // skips (a K+V over the limit) makes no inputs at all.
+    // skips (a K+V over the limit, a peer not installed) makes no inputs at all.
     let mut rows: Vec<ExpRow> = vec![];
     let mut runs = vec![];
     for kernel in kernels {
@@ -67,8 +67,11 @@ pub(super) fn measure_point(
     }
     runner.ensure_reference();
     let runner = &*runner;
+    // The point's inputs go to disk only when a peer will read them.
     let case = scratch.join("point.safetensors");
-    write_point(runner, &case)?;
+    if peer_runs.iter().any(|&r| r) {
+        write_point(runner, &case)?;
+    }
     let mut timings = vec![];
     for (p, peer) in peers.iter_mut().enumerate() {
         if peer_runs[p] && check_peer(runner, peer, &case, scratch, &mut peer_rows[p]) {
@@ -200,6 +203,12 @@ fn write_point(runner: &PointRunner, path: &Path) -> Result<()> {
 /// peers too: a point too large for our variants is not run for theirs either); when not, the
 /// row says why.
 fn peer_precheck(runner: &PointRunner, peer: &Peer, row: &mut ExpRow) -> bool {
+    // A peer that is not installed, or stopped earlier in the run, says so on every row
+    // without the point's inputs being written for it.
+    if let Some(e) = peer.down_reason() {
+        record_failure(row, e);
+        return false;
+    }
     let point = runner.point();
     let modes = &peer.manifest.modes;
     if !modes.is_empty() && !modes.contains(&point.mode) {
@@ -251,16 +260,21 @@ fn check_peer(
             true
         }
         Err(e) => {
-            let (status, why) = match e {
-                PeerError::Unavailable(w) => ("unavailable", w),
-                PeerError::Unsupported(w) => ("unsupported", w),
-                PeerError::Failed(w) => ("error", w),
-            };
-            row.head.status = status.into();
-            row.note = why;
+            record_failure(row, e);
             false
         }
     }
+}
+
+/// A peer's row when the peer gave no output: unavailable, unsupported or error, and why.
+fn record_failure(row: &mut ExpRow, e: PeerError) {
+    let (status, why) = match e {
+        PeerError::Unavailable(w) => ("unavailable", w),
+        PeerError::Unsupported(w) => ("unsupported", w),
+        PeerError::Failed(w) => ("error", w),
+    };
+    row.head.status = status.into();
+    row.note = why;
 }
 
 /// One timed call of the peer's loaded point, in seconds (the peer's own clock).
