@@ -182,6 +182,9 @@ fn run(cli: Cli) -> Result<i32> {
     apply_isa(cli.isa.as_deref())?;
     match cli.command {
         Command::List => {
+            // The folder is found (or refused) before anything is printed.
+            let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
+            let specs = ExperimentSpec::list(&experiments_dir)?;
             println!("{}\n", machine::isa_summary());
             println!("Families:");
             for f in families::FAMILIES {
@@ -203,8 +206,7 @@ fn run(cli: Cli) -> Result<i32> {
                 );
             }
             println!("\nExperiments (harness exp NAME):");
-            let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
-            for spec in ExperimentSpec::list(&experiments_dir)? {
+            for spec in specs {
                 println!(
                     "  {:<18} [{}] {}",
                     spec.name,
