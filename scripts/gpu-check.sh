@@ -4,9 +4,12 @@
 #   1. device roofline (2 GiB device-to-device copy; the workbench's bf16 MMA GEMM);
 #   2. harness check --device cuda for every family (f32/f16/bf16);
 #   3. flash_vs_paged --device cuda at H200-sized shapes: decode (batch 8/32, GQA 32/8,
-#      contexts 4k/16k) and bf16 prefill (1k..8k), plus PyTorch's scaled_dot_product_attention
-#      on the same prefill shapes, timed the same way (CUDA events, median);
-#   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8.
+#      contexts 4k/16k) and bf16 prefill (1k..8k), with PyTorch's scaled_dot_product_attention
+#      as a peer (scripts/peers/torch_sdpa on cuda:0: the same inputs, checked against the
+#      same f64 reference, CUDA events, in rounds alternating with ours);
+#   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8,
+#      beside PyTorch's F.linear in bf16 (scripts/peers/torch_linear).
+# The peers run under the machine's python3 (WORKBENCH_PEER_PYTHON), which holds PyTorch.
 # Writes logs and CSV/JSON under $OUT (default ./gpu-out) and a short table last.
 # Needs the harness binary: target/gpu/harness (scripts/gpu-prepare.sh) or $HARNESS, or
 # cargo with the crates already present.
@@ -37,6 +40,7 @@ if [ -z "${CUDA_INCLUDE_DIR:-}" ]; then
     done
 fi
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} CUDA_INCLUDE_DIR=${CUDA_INCLUDE_DIR:-}" 
+export WORKBENCH_PEER_PYTHON="${WORKBENCH_PEER_PYTHON:-$(command -v python3)}"
 RES="$OUT/results"
 mkdir -p "$RES"
 step() { echo; echo "=== $* ($(date -u +%T))"; }
@@ -52,17 +56,16 @@ step() { echo; echo "=== $* ($(date -u +%T))"; }
         --set mode=decode --set dtype=bf16 --set batch=8,32 --set heads=gqa --set kv_len=4096,16384 \
         --variant cuda_paged:bs=16 --variant cuda_paged:bs=16,unroll=2 \
         --variant cuda_paged:bs=16,split=auto --variant cuda_paged:bs=16,split=auto,unroll=2 \
-        --variant cuda_paged:bs=16,split=4096 --variant cuda_paged:bs=128,split=auto --variant cuda_flash2
+        --variant cuda_paged:bs=16,split=4096 --variant cuda_paged:bs=128,split=auto --variant cuda_flash2 \
+        --peer torch_sdpa
     step "flash_vs_paged prefill"
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp flash_vs_paged --device cuda --reps 10 \
         --set mode=prefill --set dtype=bf16 --set batch=1 --set heads=gqa --set kv_len=1024,4096,8192 \
-        --variant cuda_flash2 --variant cuda_flash2:pipe=1 --variant cuda_naive
-    step "torch sdpa (same prefill shapes)"
-    timeout 120 python3 scripts/sdpa_bench.py "$OUT/sdpa.csv"
+        --variant cuda_flash2 --variant cuda_flash2:pipe=1 --variant cuda_naive --peer torch_sdpa
     step "quant GEMV"
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp quant_tradeoff --device cuda --reps 50 \
         --set shape=4096x4096,4096x11008 --set batch=1,8 --set weights=gaussian \
-        --set format=f16,q8_0,q4_0,sym4g32
+        --set format=f16,q8_0,q4_0,sym4g32 --peer torch_linear:dtype=bf16
 } 2>&1 | tee "$OUT/log.txt"
 step "summary" | tee -a "$OUT/log.txt"
-python3 scripts/gpu_summary.py "$RES" "$OUT/sdpa.csv" 2>&1 | tee "$OUT/summary.txt"
+python3 scripts/gpu_summary.py "$RES" 2>&1 | tee "$OUT/summary.txt"

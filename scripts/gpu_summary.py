@@ -1,12 +1,13 @@
 """The short table gpu-check.sh prints last: device ceilings, check failures, paged decode
-as % of the copy bandwidth, cuda_flash2 against torch SDPA, int4 GEMV against f16."""
+as % of the copy bandwidth, our kernels against the torch_sdpa / torch_linear peers of the
+same runs (same points, alternating rounds), int4 GEMV against f16."""
 import csv
 import glob
 import json
 import os
 import sys
 
-res, sdpa_csv = sys.argv[1], sys.argv[2]
+res = sys.argv[1]
 
 
 def rows(pattern):
@@ -33,14 +34,14 @@ for r in fvp:
     gb = float(r["gbps"]) if r["gbps"] else float("nan")
     pct = float(r["pct_roofline"]) if r["pct_roofline"] else float("nan")
     print(f"{r['mode']:<8} {r['variant']:<29} {r['batch']:>5} {r['kv_len']:>6} {ms:8.3f} {gb:8.0f} {pct:6.1f} {r['status']}")
-if os.path.exists(sdpa_csv):
-    sdpa = {int(r["kv_len"]): float(r["median_ms"]) for r in csv.DictReader(open(sdpa_csv))}
-    print("\nprefill bf16 causal b1 h32/8 d128: cuda_flash2 vs torch SDPA (time ratio sdpa/ours, 1 = parity)")
+key = lambda r: (r["mode"], r["dtype"], r["batch"], r["q_heads"], r["kv_heads"], r["q_len"], r["kv_len"])
+sdpa = {key(r): float(r["median_ms"]) for r in fvp if r["variant"] == "torch_sdpa" and r["status"] == "ok"}
+if sdpa:
+    print("\nours vs torch SDPA on cuda:0, same points (time ratio sdpa/ours, 1 = parity)")
     for r in fvp:
-        if r["mode"] == "prefill" and r["variant"].startswith("cuda_flash2") and r["median_ms"]:
-            L = int(r["kv_len"])
-            if L in sdpa:
-                print(f"  {r['variant']:<20} L={L}: ours {float(r['median_ms']):.3f} ms, sdpa {sdpa[L]:.3f} ms -> {sdpa[L] / float(r['median_ms']):.2f}x")
+        if r["variant"] != "torch_sdpa" and r["status"] == "ok" and key(r) in sdpa:
+            ms = float(r["median_ms"])
+            print(f"  {r['mode']:<8} {r['variant']:<29} b{r['batch']} kv{r['kv_len']}: ours {ms:.3f} ms, sdpa {sdpa[key(r)]:.3f} ms -> {sdpa[key(r)] / ms:.2f}x")
 q = rows("quant_tradeoff/*.csv")
 print("\nGEMV     shape       batch   ms      GB/s  %copy  x f16  status")
 for r in q:

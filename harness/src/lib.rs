@@ -26,6 +26,8 @@ pub mod model_source;
 pub mod peer;
 /// The JSON provenance beside every run's CSV.
 pub mod provenance;
+/// Perplexity runs with KL against a reference run; reference-logits files.
+pub mod quality;
 /// Variant lookup by spec string across the kernel crates, and where a variant runs.
 pub mod registry;
 /// Markdown reports and SVG plots of a run, from its CSV.
@@ -38,6 +40,9 @@ pub mod row;
 pub mod run_files;
 /// Experiment specs (TOML): parsing, validation against a family, `--quick` and `--set`.
 pub mod spec;
+/// The texts model quality is measured on (Debian's licences, this repository's sources,
+/// the seeds), with their sha256.
+pub mod texts;
 /// Where the workspace is: the default experiments/ and results/ folders.
 pub mod workspace;
 
@@ -46,7 +51,7 @@ pub mod workspace;
 pub mod families;
 
 // The commands: look families up in the table.
-/// `harness check`, `exp`, `render`, `replay`, `generate`.
+/// `harness check`, `exp`, `render`, `replay`, `generate`, `eval`.
 pub mod commands;
 
 use error::{HarnessError, Result};

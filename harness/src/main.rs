@@ -3,10 +3,10 @@
 
 use clap::{Args, Parser, Subcommand};
 use harness::checking::CheckOptions;
-use harness::commands::{check, exp, generate, replay};
+use harness::commands::{check, eval, exp, generate, replay};
 use harness::error::{HarnessError, Result};
 use harness::run_files::ExpOptions;
-use harness::{families, machine, roofline, spec::ExperimentSpec, workspace, Format};
+use harness::{families, machine, peer, roofline, spec::ExperimentSpec, workspace, Format};
 use kernel_common::{DType, Device};
 use std::path::PathBuf;
 
@@ -102,10 +102,14 @@ enum Command {
         /// Run these variants instead of the spec's (repeatable), e.g. --variant flash2:br=64.
         #[arg(long = "variant")]
         variants: Vec<String>,
-        /// Time and check these peers (scripts/peers/<name>) instead of the spec's
-        /// `peers` (repeatable), e.g. --peer torch_sdpa.
+        /// Time and check these peers (scripts/peers/<name>, options as for variants) instead
+        /// of the spec's `peers` (repeatable), e.g. --peer torch_sdpa,
+        /// --peer torch_linear:dtype=bf16, --peer llamacpp:build=avx2.
         #[arg(long = "peer", value_name = "NAME")]
         peers: Vec<String>,
+        /// Run without the spec's peers.
+        #[arg(long, conflicts_with = "peers")]
+        no_peers: bool,
         /// Folder of registered peers. Default: scripts/peers of the checkout.
         #[arg(long, value_name = "DIR")]
         peers_dir: Option<PathBuf>,
@@ -153,6 +157,10 @@ enum Command {
     /// greedy or sampled, streamed to the terminal, or one JSON object with ids, text, time to
     /// first token and time per output token.
     Generate(generate::GenerateArgs),
+    /// Model quality: `eval perplexity` (llama.cpp's chunked convention or a sliding
+    /// window), with KL divergence and top-1 agreement against a reference run.
+    #[command(subcommand)]
+    Eval(EvalCommand),
     /// Regenerate the .md and .svg of a run from its CSV and JSON.
     Render {
         /// results/<exp>/<run-id>.csv
@@ -214,6 +222,38 @@ fn run(cli: Cli) -> Result<i32> {
                     spec.question.trim().lines().next().unwrap_or("")
                 );
             }
+            let peers_dir = workspace::root().map(|r| r.join("scripts/peers"));
+            let peers: Vec<_> = peers_dir
+                .iter()
+                .flat_map(|d| {
+                    peer::list(d)
+                        .into_iter()
+                        .map(move |n| peer::read_manifest(d, &n))
+                })
+                .flatten()
+                .collect();
+            if !peers.is_empty() {
+                println!("\nPeers (use as --peer NAME[:option=value,...]; scripts/fetch-peers.sh installs them):");
+                for m in peers {
+                    let options: Vec<String> = m
+                        .options
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", v.join("|")))
+                        .collect();
+                    println!(
+                        "  {:<12} {:<9} [{}] {}{}",
+                        m.name,
+                        m.families.join(","),
+                        m.devices.join(","),
+                        m.about,
+                        if options.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (options: {})", options.join(", "))
+                        }
+                    );
+                }
+            }
             for f in families::FAMILIES {
                 let Some(exp) = &f.exp else { continue };
                 println!("\nGrid keys for --set ({} experiments):", f.name);
@@ -260,6 +300,7 @@ fn run(cli: Cli) -> Result<i32> {
             sets,
             variants,
             peers,
+            no_peers,
             peers_dir,
             quick,
             reps,
@@ -285,6 +326,7 @@ fn run(cli: Cli) -> Result<i32> {
                         .unwrap_or_else(|_| PathBuf::from("scripts/peers")),
                 },
                 peers,
+                no_peers,
             };
             on_pool(|| exp::run(&opts))
         }
@@ -348,12 +390,34 @@ fn run(cli: Cli) -> Result<i32> {
             set_threads(args.threads)?;
             on_pool(|| generate::run(&args))
         }
+        Command::Eval(EvalCommand::Perplexity(args)) => {
+            set_threads(args.threads)?;
+            let root = workspace::root().ok();
+            let report = on_pool(|| eval::perplexity(&args, root.as_deref()))?;
+            match args.format {
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("serialisable")
+                ),
+                Format::Table => println!("{}", report.table()),
+            }
+            Ok(0)
+        }
         Command::Render { csv } => {
             let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
             println!("{}", exp::rerender(&csv, &experiments_dir)?);
             Ok(0)
         }
     }
+}
+
+/// `harness eval ...`.
+#[derive(Subcommand, Debug)]
+enum EvalCommand {
+    /// Perplexity of a model over a text: chunks of --ctx tokens scoring their second half
+    /// (llama.cpp's llama-perplexity) or a sliding window (--stride); PPL with its standard
+    /// error, KL divergence and top-1 agreement against --reference-logits, tokens/s.
+    Perplexity(eval::PerplexityArgs),
 }
 
 /// Parses the command line; a usage error becomes one line (clap's first) and exit 2.

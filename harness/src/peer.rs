@@ -4,22 +4,28 @@
 //! llama.cpp's `llama-bench` beside ours). A peer is one long-lived process per run that
 //! speaks JSON lines on stdin/stdout:
 //!
-//! - `{"op":"hello"}` → `{"ok":true,"version":"torch 2.15.0"}`, or
+//! - `{"op":"hello","options":{...}}` → `{"ok":true,"version":"torch 2.15.0"}`, or
 //!   `{"ok":false,"unavailable":"how to install it"}`;
-//! - `{"op":"load","inputs":PATH,"point":{...},"threads":N}` → `{"ok":true}` — PATH is a
-//!   safetensors case file in `harness replay`'s schema, holding the point's own seeded
-//!   inputs; `{"ok":false,"unsupported":"why"}` when the peer cannot do this point;
-//! - `{"op":"run","out":PATH}` → `{"ok":true}` after writing its output as tensor `out`
-//!   (f32) to PATH, which the harness checks against the f64 reference like a variant's;
+//! - `{"op":"load","inputs":PATH,"point":{...},"threads":N,"device":"cpu"}` →
+//!   `{"ok":true}` — PATH is a safetensors case file in `harness replay`'s schema holding
+//!   the point's own seeded inputs (or, for the decode family, the model file);
+//!   `{"ok":false,"unsupported":"why"}` when the peer cannot do this point;
+//! - `{"op":"run","out":PATH}` → `{"ok":true}` after writing its output to PATH (tensor `out`,
+//!   f32; a quantiser writes `q`, u8), which the harness checks against the f64 reference
+//!   (or our bytes) like a variant's;
 //! - `{"op":"time","reps":N}` → `{"ok":true,"times_ms":[...]}`.
 //!
 //! Any other reply is `{"ok":false,"error":"..."}`. A peer whose program is missing is
 //! `unavailable` (with the install command); one that crashes, prints garbage or exceeds its
 //! timeout is an `error` carrying the last line of its stderr, and the run goes on.
+//!
+//! A spec or `--peer` names a peer like a variant, with options its manifest declares:
+//! `torch_linear:dtype=bf16`, `llamacpp:build=avx2`; the rows carry that full name.
 
 use crate::error::{HarnessError, Result};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -47,47 +53,139 @@ pub struct Manifest {
     /// Seconds one request may take before the peer is killed.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
+    /// Options a spec may give it (`name:key=value`): each key's allowed values, the first
+    /// being the default.
+    #[serde(default)]
+    pub options: BTreeMap<String, Vec<String>>,
+    /// Devices it runs on (`cpu`, `cuda`); default cpu only.
+    #[serde(default = "cpu_only")]
+    pub devices: Vec<String>,
+    /// Quant family: the weight formats it serves (empty: every one it is asked for).
+    #[serde(default)]
+    pub formats: Vec<String>,
     #[serde(skip)]
     pub dir: PathBuf,
+    /// The name as the spec gave it, options included: what its rows are called.
+    #[serde(skip)]
+    pub label: String,
+    /// Every option's value (the spec's, else the default), sent with `hello`.
+    #[serde(skip)]
+    pub chosen: BTreeMap<String, String>,
 }
 
 fn default_timeout() -> f64 {
     120.0
 }
 
-/// The manifests of `names` under `peers_dir`, each serving `family`; a bad name or a peer of
-/// another family is one line naming the ones there are.
-pub fn manifests(peers_dir: &Path, names: &[String], family: &str) -> Result<Vec<Manifest>> {
-    let known = list(peers_dir);
-    names
-        .iter()
-        .map(|name| {
-            let path = peers_dir.join(name).join("peer.toml");
-            let text = std::fs::read_to_string(&path).map_err(|_| {
-                HarnessError::Usage(format!(
-                    "unknown peer '{name}' (no {}; peers: {})",
-                    path.display(),
-                    if known.is_empty() {
+fn cpu_only() -> Vec<String> {
+    vec!["cpu".into()]
+}
+
+impl Manifest {
+    /// Whether it runs on `device` (`cpu`, `cuda:0`).
+    pub fn runs_on(&self, device: &str) -> bool {
+        let kind = device.split(':').next().unwrap_or(device);
+        self.devices.iter().any(|d| d == kind)
+    }
+
+    /// Its label as a file name (`torch_linear_dtype_bf16`).
+    pub fn file_stem(&self) -> String {
+        let label = if self.label.is_empty() {
+            &self.name
+        } else {
+            &self.label
+        };
+        label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
+    }
+
+    /// Whether it serves this mode (empty `modes`: all).
+    pub fn serves(&self, mode: &str) -> bool {
+        self.modes.is_empty() || self.modes.iter().any(|m| m == mode)
+    }
+
+    /// Checks a spec's options against the declared ones and fills in the defaults.
+    fn choose(&mut self, given: &BTreeMap<String, String>) -> Result<()> {
+        for (k, v) in given {
+            let Some(allowed) = self.options.get(k) else {
+                return Err(HarnessError::Usage(format!(
+                    "peer '{}' has no option '{k}' (it takes: {})",
+                    self.name,
+                    if self.options.is_empty() {
                         "none".to_string()
                     } else {
-                        known.join(", ")
+                        self.options.keys().cloned().collect::<Vec<_>>().join(", ")
                     }
-                ))
-            })?;
-            let mut m: Manifest = toml::from_str(&text).map_err(|e| {
-                HarnessError::Usage(format!(
-                    "{}: {}",
-                    path.display(),
-                    e.message().replace('\n', " ")
-                ))
-            })?;
+                )));
+            };
+            if !allowed.contains(v) {
+                return Err(HarnessError::Usage(format!(
+                    "peer '{}': option {k}='{v}' is not one of {}",
+                    self.name,
+                    allowed.join(", ")
+                )));
+            }
+        }
+        self.chosen = self
+            .options
+            .iter()
+            .filter_map(|(k, allowed)| {
+                let v = given.get(k).or(allowed.first())?;
+                Some((k.clone(), v.clone()))
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+/// The manifest of peer `name` under `peers_dir` (no options chosen yet); a missing or
+/// malformed one is one line naming the peers there are.
+pub fn read_manifest(peers_dir: &Path, name: &str) -> Result<Manifest> {
+    let path = peers_dir.join(name).join("peer.toml");
+    let text = std::fs::read_to_string(&path).map_err(|_| {
+        let known = list(peers_dir);
+        HarnessError::Usage(format!(
+            "unknown peer '{name}' (no {}; peers: {})",
+            path.display(),
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
+    })?;
+    let mut m: Manifest = toml::from_str(&text).map_err(|e| {
+        HarnessError::Usage(format!(
+            "{}: {}",
+            path.display(),
+            e.message().replace('\n', " ")
+        ))
+    })?;
+    m.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok(m)
+}
+
+/// The manifests of `names` (`name[:option=value,...]`) under `peers_dir`, each serving
+/// `family`; a bad name, option or value, or a peer of another family, is one line naming
+/// what there is.
+pub fn manifests(peers_dir: &Path, names: &[String], family: &str) -> Result<Vec<Manifest>> {
+    names
+        .iter()
+        .map(|label| {
+            let spec = kernel_common::VariantSpec::parse(label)
+                .map_err(|e| HarnessError::Usage(format!("peer: {e}")))?;
+            let mut m = read_manifest(peers_dir, &spec.name)?;
             if !m.families.iter().any(|f| f == family) {
                 return Err(HarnessError::Usage(format!(
-                    "peer '{name}' serves {} experiments, not {family}",
+                    "peer '{}' serves {} experiments, not {family}",
+                    spec.name,
                     m.families.join(", ")
                 )));
             }
-            m.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            m.choose(&spec.params)?;
+            m.label = label.clone();
             Ok(m)
         })
         .collect()
@@ -120,8 +218,15 @@ pub enum PeerError {
 impl PeerError {
     /// The reason, whatever the kind.
     pub fn why(self) -> String {
+        self.status_and_why().1
+    }
+
+    /// The row status it gives (unavailable, unsupported, error) and the reason.
+    pub fn status_and_why(self) -> (&'static str, String) {
         match self {
-            PeerError::Unavailable(w) | PeerError::Unsupported(w) | PeerError::Failed(w) => w,
+            PeerError::Unavailable(w) => ("unavailable", w),
+            PeerError::Unsupported(w) => ("unsupported", w),
+            PeerError::Failed(w) => ("error", w),
         }
     }
 }
@@ -158,7 +263,8 @@ impl Peer {
             Err(e) => State::Down(e),
         };
         if let State::Running { .. } = peer.state {
-            match peer.request(json!({"op": "hello"})) {
+            let options = peer.manifest.chosen.clone();
+            match peer.request(json!({"op": "hello", "options": options})) {
                 Ok(reply) => {
                     peer.version = reply["version"].as_str().unwrap_or("").to_string();
                 }
@@ -187,7 +293,7 @@ impl Peer {
         let (program, rest) = args
             .split_first()
             .ok_or_else(|| PeerError::Failed(format!("peer {}: empty command", m.name)))?;
-        let stderr = scratch.join(format!("{}.stderr", m.name));
+        let stderr = scratch.join(format!("{}.stderr", m.file_stem()));
         let err_file = std::fs::File::create(&stderr)
             .map_err(|e| PeerError::Failed(format!("creating {}: {e}", stderr.display())))?;
         let mut child = Command::new(program)
@@ -220,6 +326,25 @@ impl Peer {
             lines,
             stderr,
         })
+    }
+
+    /// What its rows are called: the name as the spec gave it, options included.
+    pub fn label(&self) -> &str {
+        &self.manifest.label
+    }
+
+    /// One timed call of the loaded point, in seconds (the peer's own clock).
+    pub fn time_once(&mut self) -> std::result::Result<f64, String> {
+        let reply = self
+            .request(json!({"op": "time", "reps": 1}))
+            .map_err(PeerError::why)?;
+        reply["times_ms"]
+            .as_array()
+            .and_then(|t| t.first())
+            .and_then(|t| t.as_f64())
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .map(|ms| ms / 1e3)
+            .ok_or_else(|| format!("peer {} returned no times_ms", self.manifest.label))
     }
 
     /// Why the peer is down, if it is.
@@ -325,35 +450,81 @@ impl Drop for Peer {
     }
 }
 
-/// Writes a case file (safetensors, `harness replay`'s schema): `family` and `meta` in the
-/// header, each tensor in its storage dtype, little-endian.
-pub fn write_case(
-    path: &Path,
-    family: &str,
-    meta: &[(&str, String)],
-    tensors: &[(&str, &kernel_common::Buffer, Vec<usize>)],
-) -> Result<()> {
-    use kernel_common::Buffer;
-    use safetensors::tensor::TensorView;
-    use safetensors::Dtype;
-    let bytes: Vec<(Dtype, Vec<u8>)> = tensors
-        .iter()
-        .map(|(_, b, _)| match b {
+/// A scratch folder for the peers' case and output files, removed when dropped.
+pub struct ScratchDir(pub PathBuf);
+
+impl ScratchDir {
+    /// `workbench-peers-<run id>-<pid>` in the temporary folder.
+    pub fn new(run_id: &str) -> Result<ScratchDir> {
+        let dir =
+            std::env::temp_dir().join(format!("workbench-peers-{run_id}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(HarnessError::io(format!("creating {}", dir.display())))?;
+        Ok(ScratchDir(dir))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One tensor of a case file: its name, safetensors dtype, little-endian bytes and shape.
+pub struct CaseTensor<'a> {
+    pub name: &'a str,
+    pub dtype: safetensors::Dtype,
+    pub bytes: Vec<u8>,
+    pub shape: Vec<usize>,
+}
+
+impl<'a> CaseTensor<'a> {
+    /// A buffer in its storage dtype.
+    pub fn buffer(name: &'a str, b: &kernel_common::Buffer, shape: Vec<usize>) -> Self {
+        use kernel_common::Buffer;
+        use safetensors::Dtype;
+        let (dtype, bytes) = match b {
             Buffer::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
             Buffer::F16(v) => (Dtype::F16, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
             Buffer::BF16(v) => (
                 Dtype::BF16,
                 v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             ),
-        })
-        .collect();
+        };
+        CaseTensor {
+            name,
+            dtype,
+            bytes,
+            shape,
+        }
+    }
+
+    /// f32 values.
+    pub fn f32(name: &'a str, v: &[f32], shape: Vec<usize>) -> Self {
+        CaseTensor {
+            name,
+            dtype: safetensors::Dtype::F32,
+            bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            shape,
+        }
+    }
+}
+
+/// Writes a case file (safetensors, `harness replay`'s schema): `family` and `meta` in the
+/// header, each tensor as given.
+pub fn write_case(
+    path: &Path,
+    family: &str,
+    meta: &[(&str, String)],
+    tensors: &[CaseTensor],
+) -> Result<()> {
+    use safetensors::tensor::TensorView;
     let views = tensors
         .iter()
-        .zip(&bytes)
-        .map(|((name, _, shape), (dtype, data))| {
-            TensorView::new(*dtype, shape.clone(), data)
-                .map(|v| (name.to_string(), v))
-                .map_err(|e| HarnessError::Usage(format!("case file tensor {name}: {e}")))
+        .map(|t| {
+            TensorView::new(t.dtype, t.shape.clone(), &t.bytes)
+                .map(|v| (t.name.to_string(), v))
+                .map_err(|e| HarnessError::Usage(format!("case file tensor {}: {e}", t.name)))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut info: std::collections::HashMap<String, String> = meta
@@ -365,27 +536,42 @@ pub fn write_case(
         .map_err(|e| HarnessError::Usage(format!("writing {}: {e}", path.display())))
 }
 
-/// The f32 values of tensor `out` of a peer's output file.
-pub fn read_output(path: &Path, len: usize) -> std::result::Result<Vec<f32>, String> {
+/// The bytes of tensor `name` of a peer's output file, which must have `dtype` and `len`
+/// bytes.
+fn read_tensor(
+    path: &Path,
+    name: &str,
+    dtype: safetensors::Dtype,
+    len: usize,
+) -> std::result::Result<Vec<u8>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("no output at {}: {e}", path.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| format!("output {} is not safetensors: {e}", path.display()))?;
     let t = st
-        .tensor("out")
-        .map_err(|_| format!("output {} has no tensor 'out'", path.display()))?;
-    if t.dtype() != safetensors::Dtype::F32 {
-        return Err(format!("output 'out' is {:?}, not F32", t.dtype()));
+        .tensor(name)
+        .map_err(|_| format!("output {} has no tensor '{name}'", path.display()))?;
+    if t.dtype() != dtype {
+        return Err(format!("output '{name}' is {:?}, not {dtype:?}", t.dtype()));
     }
-    let v: Vec<f32> = t
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    if v.len() != len {
+    if t.data().len() != len {
         return Err(format!(
-            "output 'out' has {} values, expected {len}",
-            v.len()
+            "output '{name}' has {} bytes, expected {len}",
+            t.data().len()
         ));
     }
-    Ok(v)
+    Ok(t.data().to_vec())
+}
+
+/// The f32 values of tensor `out` of a peer's output file, which must hold `len` values.
+pub fn read_output(path: &Path, len: usize) -> std::result::Result<Vec<f32>, String> {
+    let data = read_tensor(path, "out", safetensors::Dtype::F32, len * 4)?;
+    Ok(data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// The bytes of tensor `q` (u8) of a quantiser peer's output file, which must hold `len`.
+pub fn read_bytes_output(path: &Path, len: usize) -> std::result::Result<Vec<u8>, String> {
+    read_tensor(path, "q", safetensors::Dtype::U8, len)
 }

@@ -30,6 +30,8 @@ pub struct ExpOptions {
     pub results_dir: PathBuf,
     /// Peers to run instead of the spec's (`--peer`).
     pub peers: Vec<String>,
+    /// Run none of the spec's peers (`--no-peers`).
+    pub no_peers: bool,
     /// Where peers are registered (`scripts/peers` of the checkout).
     pub peers_dir: PathBuf,
 }

@@ -189,6 +189,7 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
             "cuda",
             "--reps",
             "2",
+            "--no-peers",
         ];
         args.extend_from_slice(sets);
         let out = run(&dir, &libs, &results, &args);
@@ -209,6 +210,8 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
         assert!(column(&rows, "device").iter().all(|d| d == "cuda:0"));
     }
 
+    peers_beside_cuda_variants(&dir, &libs);
+
     // A device that fails (here: no kernel behind the entry points) fails the check: exit 1,
     // FAIL rows naming the device error, not rows quietly marked unsupported.
     let broken = dir.join("broken");
@@ -227,4 +230,108 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer whose manifest names cuda runs beside the CUDA variants, told the device (the test
+/// peer computes on the CPU whatever it is told); one that runs on the CPU only is left out
+/// of a spec's peers and refused by --peer, one line, exit 2.
+fn peers_beside_cuda_variants(dir: &Path, libs: &str) {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED the CUDA peer run: python3 is not on PATH");
+        return;
+    }
+    let root = dir.join("peer_run");
+    let peers = root.join("peers");
+    let exps = root.join("experiments");
+    let peer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/pyattn.py");
+    let log = root.join("pyattn.log");
+    for (name, devices) in [("both", "[\"cpu\", \"cuda\"]"), ("cpu_only", "[\"cpu\"]")] {
+        std::fs::create_dir_all(peers.join(name)).unwrap();
+        std::fs::write(
+            peers.join(name).join("peer.toml"),
+            format!(
+                "name = \"{name}\"\nabout = \"test\"\nfamilies = [\"attention\"]\ndevices = {devices}\ncommand = [\"python3\", {:?}, \"--log\", {:?}]\ninstall = \"x\"\n",
+                peer.display().to_string(),
+                log.display().to_string()
+            ),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(&exps).unwrap();
+    std::fs::write(
+        exps.join("tiny_cuda_peers.toml"),
+        r#"name = "tiny_cuda_peers"
+question = "Do peers run beside the CUDA variants?"
+claims = ["C8"]
+family = "attention"
+variants = ["flash2"]
+cuda_variants = ["cuda_naive", "cuda_flash2"]
+peers = ["both", "cpu_only"]
+reps = 2
+
+[grid]
+mode = ["decode", "prefill"]
+dtype = ["f32"]
+batch = [1]
+q_heads = [4]
+heads = ["4/2"]
+kv_len = [12]
+head_dim = [8]
+
+[plot]
+x = "kv_len"
+panel = "mode"
+series = "variant"
+y = { "*" = "median_ms" }
+"#,
+    )
+    .unwrap();
+    let results = root.join("results");
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "--experiments-dir".to_string(),
+            exps.display().to_string(),
+            "exp".into(),
+            "tiny_cuda_peers".into(),
+            "--device".into(),
+            "cuda".into(),
+            "--peers-dir".into(),
+            peers.display().to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let a = args(&[]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    ok(&run(dir, libs, &results, &a), "exp with a cuda peer");
+    let rows = csv_rows(&results.join("tiny_cuda_peers"));
+    let variant = column(&rows, "variant");
+    let status = column(&rows, "status");
+    assert_eq!(
+        variant.iter().filter(|v| *v == "both").count(),
+        2,
+        "{variant:?}"
+    );
+    assert!(!variant.iter().any(|v| v == "cpu_only"), "{variant:?}");
+    // cuda_flash2 takes head_dim 8 at no point (its tiles need more): unsupported.
+    assert!(
+        variant
+            .iter()
+            .zip(&status)
+            .all(|(v, s)| s == "ok" || (s == "unsupported" && v == "cuda_flash2")),
+        "{status:?} of {variant:?}"
+    );
+    let case = std::fs::read_to_string(&log).unwrap();
+    assert!(case.lines().any(|l| l.ends_with(" time")), "{case}");
+    assert!(
+        case.lines().any(|l| l.ends_with(" device cuda:0")),
+        "{case}"
+    );
+    let a = args(&["--peer", "cpu_only"]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = run(dir, libs, &root.join("refused"), &a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("runs on cpu only, not on cuda:0"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }

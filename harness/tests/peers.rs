@@ -9,32 +9,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
+#[path = "common/peers.rs"]
+mod peer_setup;
 use common::TempDir;
+use peer_setup::python_present;
 
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
 const PEER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/pyattn.py");
 const REPO_ROOFLINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/roofline");
 
-fn python_present() -> bool {
-    Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Registers a peer `name` running the test peer with `args` (timeout `timeout_s`).
+/// Registers an attention peer `name` running `command` (timeout `timeout_s`).
 fn register(peers: &Path, name: &str, command: &[&str], timeout_s: f64) {
-    let dir = peers.join(name);
-    fs::create_dir_all(&dir).unwrap();
-    let command: Vec<String> = command.iter().map(|a| format!("{a:?}")).collect();
-    fs::write(
-        dir.join("peer.toml"),
-        format!(
-            "name = \"{name}\"\nabout = \"test peer\"\nfamilies = [\"attention\"]\ncommand = [{}]\ninstall = \"pip install pyattn-test\"\ntimeout_s = {timeout_s}\n",
-            command.join(", ")
-        ),
-    )
-    .unwrap();
+    peer_setup::register(peers, name, "attention", command, timeout_s, "");
 }
 
 /// A checkout-like folder: experiments/tiny_peers.toml, results/roofline seeded, peers/.
@@ -189,7 +175,7 @@ fn peers_are_checked_timed_and_their_failures_recorded() {
             "crash" => assert!(note.contains("crashing on purpose"), "{note}"),
             "hang" => assert!(note.contains("no answer within"), "{note}"),
             "garbage" => assert!(note.contains("not JSON"), "{note}"),
-            "missing" => assert!(note.contains("pip install pyattn-test"), "{note}"),
+            "missing" => assert!(note.contains("pip install missing-test"), "{note}"),
             _ => assert!(r[4].is_empty()),
         }
     }

@@ -1,9 +1,13 @@
 //! The reference generation pipeline: model sources (GGUF files, Hugging Face safetensors
 //! directories, seeded random presets), the file's byte-level BPE tokenizer, a Llama/Mixtral
 //! decoder whose every projection and attention call goes through the kernel crates, a paged
-//! KV cache, a seeded sampler, continuous batching and speculative decoding. Three rooms whose
-//! imports run one way, `model` ← `serve` ← `spec`; the common types are re-exported here.
+//! KV cache, a seeded sampler, continuous batching and speculative decoding, and the evaluation
+//! of its quality (perplexity, KL divergence). Rooms whose imports run one way, `model` ←
+//! `serve` ← `spec`, and `eval` over `model` and `serve`; the common types are re-exported
+//! here.
 
+/// Model quality: perplexity, KL divergence and top-1 agreement against a reference run.
+pub mod eval;
 /// The decoder, its weight sources, tokenizer and K/V pools.
 pub mod model;
 /// Running requests: sessions, block management, batching, workloads, sampling.

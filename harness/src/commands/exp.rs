@@ -49,16 +49,8 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     if reps == 0 {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));
     }
-    // Peers run on the CPU: a spec's peers are left out of a --device cuda run, and asking
-    // for one there is an error.
-    if cuda && !opts.peers.is_empty() {
-        return Err(HarnessError::Usage(
-            "--peer: the peers run on the CPU; they cannot be timed beside --device cuda yet"
-                .into(),
-        ));
-    }
     let no_peers = vec![];
-    let peer_names = if cuda {
+    let peer_names = if opts.no_peers {
         &no_peers
     } else if opts.peers.is_empty() {
         &spec.peers
@@ -71,7 +63,20 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
             spec.name, spec.family
         )));
     }
-    let peers = peer::manifests(&opts.peers_dir, peer_names, &spec.family)?;
+    let mut peers = peer::manifests(&opts.peers_dir, peer_names, &spec.family)?;
+    // A peer runs on the devices its manifest names: a spec's peers that cannot run on this
+    // one are left out; asking for one with --peer is an error.
+    let device = opts.device.to_string();
+    if let Some(m) = peers.iter().find(|m| !m.runs_on(&device)) {
+        if !opts.peers.is_empty() {
+            return Err(HarnessError::Usage(format!(
+                "--peer {}: it runs on {} only, not on {device}",
+                m.label,
+                m.devices.join(", ")
+            )));
+        }
+    }
+    peers.retain(|m| m.runs_on(&device));
     let peer_root = opts
         .peers_dir
         .parent()

@@ -3,6 +3,8 @@
 
 /// `harness check`.
 pub mod check;
+/// `harness eval perplexity`.
+pub mod eval;
 /// `harness exp` and `harness render`.
 pub mod exp;
 /// `harness generate`.

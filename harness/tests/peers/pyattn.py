@@ -3,7 +3,8 @@
 shapes), speaking the harness's peer protocol (harness/src/peer.rs). --behave picks what it
 does: ok, wrong (adds 0.5 to every output), crash (exits on load), hang (never answers run),
 garbage (prints a non-JSON line on run). --log PATH appends one line per request
-("<name> <op>") so a test can see the order of the rounds, and keeps a copy of the last case
+("<name> <op>", and "<name> device <device>" on load) so a test can see the order of the
+rounds and the device the peer was told, and keeps a copy of the last case
 file it was given at PATH.case, so the test can compare its bytes with the seeded inputs.
 """
 import argparse
@@ -81,6 +82,9 @@ def main():
         if op == "hello":
             reply(ok=True, version="pyattn 1.0 (test peer)")
         elif op == "load":
+            if args.log:
+                with open(args.log, "a") as f:
+                    f.write(f"{args.name} device {req.get('device', '?')}\n")
             if args.behave == "crash":
                 sys.stderr.write("pyattn: crashing on purpose\n")
                 sys.exit(3)

@@ -9,7 +9,7 @@ use super::grid::points;
 use super::point::PointRunner;
 use crate::error::{HarnessError, Result};
 use crate::measure::CacheFlusher;
-use crate::peer::Peer;
+use crate::peer::{Peer, ScratchDir};
 use crate::registry;
 use crate::run_files::{counts_as_failure, progress_bar, ExpRequest, RunFiles};
 use kernel_common::inputs::derive_seed;
@@ -37,7 +37,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             .map(|k| k.supports(&points[0].shape, points[0].dtype, opts.device)),
     )?;
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
-    let scratch = tempfile_dir(&run.run_id)?;
+    let scratch = ScratchDir::new(&run.run_id)?;
     let mut peers: Vec<Peer> = req
         .peers
         .iter()
@@ -103,20 +103,4 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, super::report::render)
-}
-
-/// A scratch folder for the peers' case and output files, removed when dropped.
-struct ScratchDir(std::path::PathBuf);
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempfile_dir(run_id: &str) -> Result<ScratchDir> {
-    let dir = std::env::temp_dir().join(format!("workbench-peers-{run_id}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(HarnessError::io(format!("creating {}", dir.display())))?;
-    Ok(ScratchDir(dir))
 }

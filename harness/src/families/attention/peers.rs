@@ -8,7 +8,7 @@ use super::cols::ExpRow;
 use super::point::{finish_row, PointRunner, Ready};
 use crate::error::Result;
 use crate::measure::{time_reps, CacheFlusher, Timing};
-use crate::peer::{write_case, Peer, PeerError};
+use crate::peer::{write_case, CaseTensor, Peer, PeerError};
 use crate::roofline::Roofline;
 use attention_kernels::AttentionKernel;
 use kernel_common::Device;
@@ -56,7 +56,7 @@ pub(super) fn measure_point(
     for peer in peers.iter() {
         let shape = runner.point().shape;
         let cost = shape.io_cost(runner.point().dtype);
-        let mut row = runner.row_named(&peer.manifest.name, cost, run_id, exp, device, roof);
+        let mut row = runner.row_named(peer.label(), cost, run_id, exp, device, roof);
         row.head.peer_version = peer.version.clone();
         peer_runs.push(peer_precheck(runner, peer, &mut row));
         peer_rows.push(row);
@@ -74,7 +74,7 @@ pub(super) fn measure_point(
     }
     let mut timings = vec![];
     for (p, peer) in peers.iter_mut().enumerate() {
-        if peer_runs[p] && check_peer(runner, peer, &case, scratch, &mut peer_rows[p]) {
+        if peer_runs[p] && check_peer(runner, peer, &case, scratch, device, &mut peer_rows[p]) {
             timings.push(PeerTiming {
                 peer: p,
                 row: p,
@@ -147,16 +147,22 @@ fn rounds(
             break;
         }
         if let Some(ready) = ours.as_deref_mut() {
-            let t = time_reps(1, f64::INFINITY, flusher, || {
-                ready.prepared.run(&mut ready.out)
-            })?;
+            // A CUDA variant times its kernels with CUDA events, as without peers.
+            let t = match ready.prepared.time_on_device(1) {
+                Some(device_times) => Timing {
+                    samples: device_times?,
+                },
+                None => time_reps(1, f64::INFINITY, flusher, || {
+                    ready.prepared.run(&mut ready.out)
+                })?,
+            };
             spent += t.samples[0];
             samples.push(t.samples[0]);
         }
         for t in timings.iter_mut().filter(|t| t.error.is_none()) {
             // The caches are the machine's: evict them before the peer's call too.
             flusher.flush();
-            match time_peer(&mut peers[t.peer]) {
+            match peers[t.peer].time_once() {
                 Ok(s) => {
                     spent += s;
                     t.samples.push(s);
@@ -172,6 +178,7 @@ fn rounds(
 fn write_point(runner: &PointRunner, path: &Path) -> Result<()> {
     let s = runner.point().shape;
     let inputs = runner.made_inputs();
+    let kv_shape = vec![s.batch, s.kv_heads, s.kv_len, s.head_dim];
     write_case(
         path,
         "attention",
@@ -180,21 +187,13 @@ fn write_point(runner: &PointRunner, path: &Path) -> Result<()> {
             ("scale", s.scale.to_string()),
         ],
         &[
-            (
+            CaseTensor::buffer(
                 "q",
                 &inputs.q,
                 vec![s.batch, s.q_heads, s.q_len, s.head_dim],
             ),
-            (
-                "k",
-                &inputs.k,
-                vec![s.batch, s.kv_heads, s.kv_len, s.head_dim],
-            ),
-            (
-                "v",
-                &inputs.v,
-                vec![s.batch, s.kv_heads, s.kv_len, s.head_dim],
-            ),
+            CaseTensor::buffer("k", &inputs.k, kv_shape.clone()),
+            CaseTensor::buffer("v", &inputs.v, kv_shape),
         ],
     )
 }
@@ -210,10 +209,9 @@ fn peer_precheck(runner: &PointRunner, peer: &Peer, row: &mut ExpRow) -> bool {
         return false;
     }
     let point = runner.point();
-    let modes = &peer.manifest.modes;
-    if !modes.is_empty() && !modes.contains(&point.mode) {
+    if !peer.manifest.serves(&point.mode) {
         row.head.status = "unsupported".into();
-        row.note = format!("peer serves {} only", modes.join(", "));
+        row.note = format!("peer serves {} only", peer.manifest.modes.join(", "));
         return false;
     }
     if let Some(why) = runner.point_over_limit(row.flops) {
@@ -232,17 +230,19 @@ fn check_peer(
     peer: &mut Peer,
     case: &Path,
     scratch: &Path,
+    device: Device,
     row: &mut ExpRow,
 ) -> bool {
     let point = runner.point();
     let s = point.shape;
-    let out = scratch.join(format!("{}.out.safetensors", peer.manifest.name));
+    let out = scratch.join(format!("{}.out.safetensors", peer.manifest.file_stem()));
     let _ = std::fs::remove_file(&out);
     let asked = peer
         .request(json!({
             "op": "load",
             "inputs": case,
             "threads": rayon::current_num_threads(),
+            "device": device.to_string(),
             "point": {
                 "mode": point.mode, "dtype": point.dtype.to_string(), "batch": s.batch,
                 "q_heads": s.q_heads, "kv_heads": s.kv_heads, "q_len": s.q_len,
@@ -268,25 +268,7 @@ fn check_peer(
 
 /// A peer's row when the peer gave no output: unavailable, unsupported or error, and why.
 fn record_failure(row: &mut ExpRow, e: PeerError) {
-    let (status, why) = match e {
-        PeerError::Unavailable(w) => ("unavailable", w),
-        PeerError::Unsupported(w) => ("unsupported", w),
-        PeerError::Failed(w) => ("error", w),
-    };
+    let (status, why) = e.status_and_why();
     row.head.status = status.into();
     row.note = why;
-}
-
-/// One timed call of the peer's loaded point, in seconds (the peer's own clock).
-fn time_peer(peer: &mut Peer) -> std::result::Result<f64, String> {
-    let reply = peer
-        .request(json!({"op": "time", "reps": 1}))
-        .map_err(PeerError::why)?;
-    reply["times_ms"]
-        .as_array()
-        .and_then(|t| t.first())
-        .and_then(|t| t.as_f64())
-        .filter(|t| t.is_finite() && *t >= 0.0)
-        .map(|ms| ms / 1e3)
-        .ok_or_else(|| format!("peer {} returned no times_ms", peer.manifest.name))
 }

@@ -11,15 +11,21 @@ use crate::measure::Timing;
 use crate::model_source::resolve_model;
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
-use crate::row::{Head, Row};
 use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use models::{argmax, load, KvPools, Llama, LoadOptions, SeqChunk, Session};
+use peers::{DecodePeers, PeerPoint};
 use quant_kernels::WeightFormat;
-use serde::{Deserialize, Serialize};
+pub use rows::{DecodeCols, DecodeRow};
+use rows::{Phase, RowCtx};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
+
+/// Peers of decode experiments: llama.cpp's llama-bench.
+mod peers;
+/// The rows of decode experiments.
+pub mod rows;
 
 pub const FAMILY: Family = Family {
     name: "decode",
@@ -31,7 +37,7 @@ pub const FAMILY: Family = Family {
         variant: |v| one_of("decode", VARIANTS, v),
         run,
         render,
-        peers: false,
+        peers: true,
     }),
     replay: None,
 };
@@ -64,41 +70,6 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
         "prompt length of the prefill (time to first token) row",
     ),
 ];
-
-/// One model × weights × phase × batch. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DecodeCols {
-    pub model: String,
-    pub weights: String,
-    /// The projection product (fused, fused:act=q8). (Absent from the first runs: fused.)
-    #[serde(default = "fused")]
-    pub matmul: String,
-    /// decode | prefill
-    pub phase: String,
-    pub batch: usize,
-    /// Tokens in each sequence's context at the timed steps (decode), or the prompt (prefill).
-    pub context: usize,
-    pub weight_mb: f64,
-    pub kv_mb: f64,
-    /// Generated tokens per second (decode: batch / step time; prefill: prompt / time).
-    pub tokens_per_s: f64,
-    pub bandwidth_gbs: f64,
-    /// (weight + KV bytes) / bandwidth.
-    pub roofline_ms: f64,
-    pub pct_of_roofline: f64,
-    /// (weight + KV bytes) / measured time.
-    pub effective_gbs: f64,
-    pub gflops: f64,
-    /// max |Δ| / max |logit| of sequence 0 against a batch-1 session (decode, batch > 1).
-    pub rel_err_vs_batch1: Option<f64>,
-}
-
-/// A row: the shared head, these columns, the note.
-pub type DecodeRow = Row<DecodeCols>;
-
-fn fused() -> String {
-    "fused".into()
-}
 
 fn prompt(seq: usize, len: usize, vocab: usize) -> Vec<u32> {
     (0..len)
@@ -217,9 +188,12 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         }
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
+    let mut peers = DecodePeers::start(req, &run.run_id)?;
     let bw = run.roof.read_gbps;
-    let total = model_names.len() * weights.len() * matmuls.len() * (batches.len() + prefill.len());
-    let bar = progress_bar(total);
+    let points = batches.len() + prefill.len();
+    let native = weights.iter().filter(|w| *w == "native").count();
+    let peer_rows = peers.len() * model_names.len() * native * points;
+    let bar = progress_bar(model_names.len() * weights.len() * matmuls.len() * points + peer_rows);
     let mut failures = 0;
     for (name, path) in model_names.iter().zip(&paths) {
         for w in &weights {
@@ -232,92 +206,103 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 ..LoadOptions::default()
             };
             let mut m = load(path, &lopts)?.model;
+            let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
+            let ctx_for = |m: &Llama| {
+                let wbytes = m.weight_bytes() as f64;
+                RowCtx {
+                    run_id: &run.run_id,
+                    exp: &spec.name,
+                    device: opts.device.to_string(),
+                    seed: opts.seed,
+                    model: name,
+                    weights: w,
+                    wbytes,
+                    bw,
+                    flops_token: 2.0 * (wbytes / bytes_per_param(m)).max(1.0),
+                }
+            };
+            let decode_phase = |b: usize| Phase {
+                name: "decode",
+                batch: b,
+                context,
+                tokens: b,
+                kv_bytes: kv_token * (b * (context + steps / 2)) as f64,
+            };
+            let prefill_phase = |p: usize| Phase {
+                name: "prefill",
+                batch: 1,
+                context: p,
+                tokens: p,
+                kv_bytes: kv_token * p as f64,
+            };
+            // The peers run the file as shipped: they serve the native weights only.
+            let mut slots = if w == "native" {
+                bar.set_message(format!("{name}: asking the peers"));
+                let pts: Vec<PeerPoint> = batches
+                    .iter()
+                    .map(|&b| PeerPoint::decode(b, context, steps))
+                    .chain(prefill.iter().map(|&p| PeerPoint::prefill(p)))
+                    .collect();
+                peers.slots(path, &pts)
+            } else {
+                vec![]
+            };
             for (mname, variant) in &matmuls {
                 // A product that takes none of the model's formats would only repeat `fused`.
                 let format = m.layers[0].wo.format();
                 if quant_kernels::supports(*variant, format).is_err() {
-                    bar.inc((batches.len() + prefill.len()) as u64);
+                    bar.inc(points as u64);
                     continue;
                 }
                 m.set_matmul(*variant)?;
                 let m = &m;
-                let wbytes = m.weight_bytes() as f64;
-                let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
-                let flops_token = 2.0 * (wbytes / bytes_per_param(m)).max(1.0);
-                let mut row = |phase: &str,
-                               batch: usize,
-                               ctx: usize,
-                               t: &Timing,
-                               tokens: usize,
-                               kv_bytes: f64,
-                               err: Option<f64>|
-                 -> Result<()> {
-                    let med = t.median();
-                    let roof = (wbytes + kv_bytes) / (bw * 1e9);
-                    let ok = err.is_none_or(|e| e <= 1e-3);
-                    failures += usize::from(!ok);
-                    run.writer.write(&Row {
-                        head: Head {
-                            reps: t.samples.len(),
-                            median_ms: Some(med * 1e3),
-                            p10_ms: Some(t.percentile(10.0) * 1e3),
-                            p90_ms: Some(t.percentile(90.0) * 1e3),
-                            status: if ok { "ok" } else { "fail" }.into(),
-                            ..Head::new(
-                                &run.run_id,
-                                &spec.name,
-                                "model",
-                                &opts.device.to_string(),
-                                opts.seed,
-                            )
-                        },
-                        cols: DecodeCols {
-                            model: name.clone(),
-                            weights: w.clone(),
-                            matmul: mname.clone(),
-                            phase: phase.into(),
-                            batch,
-                            context: ctx,
-                            weight_mb: wbytes / 1e6,
-                            kv_mb: kv_bytes / 1e6,
-                            tokens_per_s: tokens as f64 / med,
-                            bandwidth_gbs: bw,
-                            roofline_ms: roof * 1e3,
-                            pct_of_roofline: 100.0 * roof / med,
-                            effective_gbs: (wbytes + kv_bytes) / med / 1e9,
-                            gflops: flops_token * tokens as f64 / med / 1e9,
-                            rel_err_vs_batch1: err,
-                        },
-                        note: String::new(),
-                    })?;
-                    Ok(())
-                };
+                let ctx = ctx_for(m);
                 for &b in &batches {
                     bar.set_message(format!("{name} {w}: decode batch {b}"));
-                    let (t, err) = decode_times(m, b, context, steps)?;
-                    let kv = kv_token * (b * (context + steps / 2)) as f64;
-                    row("decode", b, context, &t, b, kv, err)?;
+                    let point = PeerPoint::decode(b, context, steps);
+                    // With a peer at the point, rounds alternate: ours, each peer, again.
+                    let rounds = if peers.live_at(&slots, &point) { 3 } else { 1 };
+                    let (mut samples, mut err) = (vec![], None);
+                    for round in 0..rounds {
+                        let (t, e) = decode_times(m, b, context, steps)?;
+                        samples.extend(t.samples);
+                        if round == 0 {
+                            err = e;
+                        }
+                        peers.time_round(&mut slots, path, &point);
+                    }
+                    let row = ctx.row("model", mname, &decode_phase(b), &Timing { samples }, err);
+                    failures += usize::from(row.head.status == "fail");
+                    run.writer.write(&row)?;
                     bar.inc(1);
                 }
                 for &p in &prefill {
                     bar.set_message(format!("{name} {w}: prefill {p}"));
+                    let point = PeerPoint::prefill(p);
+                    let rounds = if peers.live_at(&slots, &point) { 3 } else { 2 };
                     let ids = prompt(0, p, m.cfg.vocab);
                     let mut samples = vec![];
-                    for _ in 0..2 {
+                    for _ in 0..rounds {
                         let mut s = Session::new(m, p, 16)?;
                         let t0 = Instant::now();
                         s.forward(&ids)?;
                         samples.push(t0.elapsed().as_secs_f64());
+                        peers.time_round(&mut slots, path, &point);
                     }
-                    row(
-                        "prefill",
-                        1,
-                        p,
-                        &Timing { samples },
-                        p,
-                        kv_token * p as f64,
-                        None,
-                    )?;
+                    let row = ctx.row("model", mname, &prefill_phase(p), &Timing { samples }, None);
+                    run.writer.write(&row)?;
+                    bar.inc(1);
+                }
+            }
+            if w == "native" {
+                let ctx = ctx_for(&m);
+                let phases: Vec<Phase> = batches
+                    .iter()
+                    .map(|&b| decode_phase(b))
+                    .chain(prefill.iter().map(|&p| prefill_phase(p)))
+                    .collect();
+                for row in peers.rows(slots, &ctx, &phases) {
+                    run.writer.write(&row)?;
                     bar.inc(1);
                 }
             }
@@ -337,13 +322,15 @@ fn bytes_per_param(m: &Llama) -> f64 {
 
 /// This family's `RenderFn`.
 pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
-    report::<DecodeCols>(spec, csv, prov, |_, rows| tables(rows))
+    report::<DecodeCols>(spec, csv, prov, tables)
 }
 
-/// The markdown table of a decode run.
-pub fn tables(rows: &[DecodeRow]) -> String {
+/// The markdown tables of a decode run: every measured row against the roofline, our
+/// products against the report's peer at each point they share, and what did not run.
+pub fn tables(spec: &ExperimentSpec, rows: &[DecodeRow]) -> String {
+    let measured = |r: &&DecodeRow| r.head.status == "ok" || r.head.status == "fail";
     let mut md = String::from("## Decode and prefill against the bandwidth roofline\n\n| model | weights | matmul | phase | batch | context | weight MB | median ms | tokens/s | roofline ms | % of roofline | effective GB/s | rel err vs batch 1 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for r in rows {
+    for r in rows.iter().filter(measured) {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1}% | {:.1} | {} |",
@@ -361,6 +348,91 @@ pub fn tables(rows: &[DecodeRow]) -> String {
             r.effective_gbs,
             crate::render::fmt_err(r.rel_err_vs_batch1)
         );
+    }
+    md.push('\n');
+    if let Some(peer) = &spec.report.peer {
+        md.push_str(&against_peer(rows, peer));
+    }
+    let skipped: Vec<&DecodeRow> = rows.iter().filter(|r| !measured(r)).collect();
+    if !skipped.is_empty() {
+        md.push_str("## Rows not measured\n\n| variant | model | weights | phase | batch | context | status | why |\n|---|---|---|---|---|---|---|---|\n");
+        for r in skipped {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.head.variant,
+                r.model,
+                r.weights,
+                r.phase,
+                r.batch,
+                r.context,
+                r.head.status,
+                r.note
+            );
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// Per point the peer measured (its label's base name is `peer`): its tokens/s, and each of
+/// our products' tokens/s with the ratio ours / its (= its time / ours).
+fn against_peer(rows: &[DecodeRow], peer: &str) -> String {
+    let is_peer = |r: &DecodeRow| r.head.variant.split(':').next() == Some(peer);
+    let key = |r: &DecodeRow| {
+        (
+            r.model.clone(),
+            r.weights.clone(),
+            r.phase.clone(),
+            r.batch,
+            r.context,
+        )
+    };
+    let theirs: Vec<&DecodeRow> = rows
+        .iter()
+        .filter(|r| is_peer(r) && r.head.status == "ok")
+        .collect();
+    if theirs.is_empty() {
+        return String::new();
+    }
+    let mut products: Vec<&str> = vec![];
+    for r in rows.iter().filter(|r| !is_peer(r)) {
+        if !products.contains(&r.matmul.as_str()) {
+            products.push(&r.matmul);
+        }
+    }
+    let mut md = format!(
+        "## Against {peer} (tokens/s; in brackets ours / its, same point, alternating rounds)\n\n| model | weights | phase | batch | context | {peer} |"
+    );
+    for p in &products {
+        let _ = write!(md, " {p} |");
+    }
+    md.push_str("\n|---|---|---|---|---|---|");
+    md.push_str(&"---|".repeat(products.len()));
+    md.push('\n');
+    for t in theirs {
+        let _ = write!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.1} ({}) |",
+            t.model, t.weights, t.phase, t.batch, t.context, t.tokens_per_s, t.head.variant
+        );
+        for p in &products {
+            let ours = rows.iter().find(|r| {
+                !is_peer(r) && r.matmul == *p && key(r) == key(t) && r.head.status == "ok"
+            });
+            match ours {
+                Some(o) => {
+                    let _ = write!(
+                        md,
+                        " {:.1} ({:.2}×) |",
+                        o.tokens_per_s,
+                        o.tokens_per_s / t.tokens_per_s
+                    );
+                }
+                None => md.push_str(" – |"),
+            }
+        }
+        md.push('\n');
     }
     md.push('\n');
     md

@@ -5,69 +5,27 @@
 //! how far they are from the f64 product of the original weights (what quantisation costs),
 //! and time the calls with caches flushed, round-robin over every format and variant of the
 //! point (see `time_interleaved`). Speed-ups are over the f32 (and f16) weights of the same
-//! point, timed in the same rounds.
+//! point, timed in the same rounds. Peers (`peers.rs`: PyTorch's `F.linear`, gguf-py's
+//! quantisers) are checked against the same references and timed in the same rounds.
 
+use super::cols::{QuantRow, RowBase, Stored};
+use super::peers::{QuantPeers, Timed};
+use super::report::render;
 use crate::error::{HarnessError, Result};
 use crate::measure::{time_reps, CacheFlusher, Timing};
-use crate::provenance::Provenance;
-use crate::render::{fmt_err, fmt_opt};
-use crate::render::{report, Rendered};
+use crate::peer::Peer;
 use crate::roofline::Roofline;
-use crate::row::{Head, Row};
 use crate::run_files::{counts_as_failure, progress_bar, spread, ExpRequest, GridValues, RunFiles};
-use crate::spec::{ExperimentSpec, Limits};
+use crate::spec::Limits;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats, KernelError};
 use quant_kernels::{
     matvec::cost, reference, MatVecVariant, Prepared, QuantError, QuantMatrix, WeightDist,
     WeightFormat,
 };
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
-
-/// One variant × format × shape × weights × batch. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct QuantCols {
-    pub format: String,
-    /// dense | ggml | sym g<group> | asym g<group> (one line per scheme in the plots)
-    pub scheme: String,
-    pub bits: u8,
-    pub bits_per_weight: f64,
-    pub rows: usize,
-    pub cols: usize,
-    pub shape: String,
-    pub weights: String,
-    pub batch: usize,
-    pub gbps: Option<f64>,
-    pub gflops: Option<f64>,
-    /// Achieved GB/s as % of the run's measured read bandwidth.
-    pub pct_read_bw: Option<f64>,
-    /// Median of the fastest f32-weight row of the same shape, weights and batch (our fused
-    /// kernel or faer's GEMM, timed round-robin with this one) / this row's median.
-    pub speedup_vs_f32: Option<f64>,
-    pub speedup_vs_f16: Option<f64>,
-    pub weight_bytes: u64,
-    pub bytes: u64,
-    pub flops: u64,
-    /// Dequantised vs original weights.
-    pub w_rmse: f64,
-    pub w_max_abs: f64,
-    pub w_snr_db: f64,
-    /// Relative L2 distance of the sampled outputs from the f64 product with the original
-    /// (unquantised) weights: the error quantisation adds to the layer's output.
-    pub out_rel_err: Option<f64>,
-    /// Against the f64 product of the dequantised weights (the correctness check).
-    pub max_abs_err: Option<f64>,
-    pub rel_l2_err: Option<f64>,
-    pub checked_outputs: usize,
-    pub quantize_ms: f64,
-}
-
-/// A row: the shared head, these columns, the note.
-pub type QuantRow = Row<QuantCols>;
 
 /// The grid of a quant experiment, parsed and validated.
 struct QuantGrid {
@@ -137,6 +95,16 @@ impl QuantGrid {
         })
     }
 
+    /// (shape, weights) pairs.
+    fn pairs(&self) -> usize {
+        self.shapes.len() * self.dists.len()
+    }
+
+    /// Batch sizes.
+    fn batches(&self) -> usize {
+        self.batches.len()
+    }
+
     /// Rows the run will write: unsupported (variant, format) pairs are left out.
     fn rows(&self, variants: &[(String, MatVecVariant)]) -> usize {
         let pairs = self
@@ -146,16 +114,6 @@ impl QuantGrid {
             .filter(|&(f, v)| quant_kernels::supports(v, f).is_ok())
             .count();
         pairs * self.shapes.len() * self.dists.len() * self.batches.len()
-    }
-}
-
-/// `dense`, `ggml`, `sym g32`, `asym g128`.
-fn scheme(f: WeightFormat) -> String {
-    match f {
-        WeightFormat::F32 | WeightFormat::F16 => "dense".into(),
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => "ggml".into(),
-        WeightFormat::Sym { group, .. } => format!("sym g{group}"),
-        WeightFormat::Asym { group, .. } => format!("asym g{group}"),
     }
 }
 
@@ -194,12 +152,24 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             .map_err(|e| usage(format!("--variant {name}: {e}")))?;
     }
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
-    let bar = progress_bar(qgrid.rows(&variants));
+    let mut peers = QuantPeers::start(req, &run.run_id)?;
+    let bar = progress_bar(
+        qgrid.rows(&variants) + peers.rows(&qgrid.formats, qgrid.pairs(), qgrid.batches()),
+    );
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
     for (si, &(rows, cols)) in qgrid.shapes.iter().enumerate() {
         for (di, dist) in qgrid.dists.iter().enumerate() {
             let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
+            let base = RowBase {
+                run_id: &run.run_id,
+                exp: &spec.name,
+                device: opts.device.to_string(),
+                seed,
+                rows,
+                cols,
+                weights: dist.name(),
+            };
             bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
             let w = dist.sample(rows, cols, seed);
             // 256 rows: 16 gave output errors too noisy to rank formats by.
@@ -209,13 +179,28 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             for &format in &qgrid.formats {
                 bar.set_message(format!("quantising {rows}x{cols} to {format}"));
                 let started = Instant::now();
-                let m = QuantMatrix::quantize(format, rows, cols, &w).map(std::sync::Arc::new);
-                let ms = started.elapsed().as_secs_f64() * 1e3;
-                let err = m
+                let matrix = QuantMatrix::quantize(format, rows, cols, &w).map(Arc::new);
+                let quantize_ms = started.elapsed().as_secs_f64() * 1e3;
+                let err = matrix
                     .as_ref()
                     .map(|m| QuantError::measure(&w, &m.dequantize()))
                     .ok();
-                stored.push((format, m, ms, err));
+                stored.push(Stored {
+                    format,
+                    matrix,
+                    quantize_ms,
+                    err,
+                });
+            }
+            peers.new_weights(&w, (rows, cols), (si, di))?;
+            if peers.quantizes() {
+                bar.set_message(format!("quantising {rows}x{cols} beside the peers"));
+                let timing = (reps, &spec.limits, &mut flusher);
+                for row in peers.quantize_rows(&base, &w, &stored, timing)? {
+                    failures += usize::from(counts_as_failure(&row.head.status, &row.note));
+                    run.writer.write(&row)?;
+                    bar.inc(1);
+                }
             }
             for &batch in &qgrid.batches {
                 let x = normal_buffer_par(
@@ -225,51 +210,16 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 )
                 .to_f32();
                 let want_dense = dense_reference(&w, cols, &x, batch, &sampled);
-                let mut point: Vec<(QuantRow, Option<(Prepared, MatVecVariant)>)> = vec![];
-                for (format, m, quantize_ms, err) in &stored {
+                let mut point: Vec<(QuantRow, Option<Timed>)> = vec![];
+                for st in &stored {
                     for (vname, variant) in &variants {
-                        if quant_kernels::supports(*variant, *format).is_err() {
+                        if quant_kernels::supports(*variant, st.format).is_err() {
                             continue;
                         }
-                        let mut row = Row {
-                            head: Head::new(
-                                &run.run_id,
-                                &spec.name,
-                                vname,
-                                &opts.device.to_string(),
-                                seed,
-                            ),
-                            cols: QuantCols {
-                                format: format.to_string(),
-                                scheme: scheme(*format),
-                                bits: format.bits(),
-                                bits_per_weight: format.bits_per_weight(),
-                                rows,
-                                cols,
-                                shape: format!("{rows}x{cols}"),
-                                weights: dist.name(),
-                                batch,
-                                gbps: None,
-                                gflops: None,
-                                pct_read_bw: None,
-                                speedup_vs_f32: None,
-                                speedup_vs_f16: None,
-                                weight_bytes: (rows * format.row_bytes(cols)) as u64,
-                                bytes: 0,
-                                flops: 0,
-                                w_rmse: err.map_or(f64::NAN, |e| e.rmse),
-                                w_max_abs: err.map_or(f64::NAN, |e| e.max_abs),
-                                w_snr_db: err.map_or(f64::NAN, |e| e.snr_db),
-                                out_rel_err: None,
-                                max_abs_err: None,
-                                rel_l2_err: None,
-                                checked_outputs: 0,
-                                quantize_ms: *quantize_ms,
-                            },
-                            note: String::new(),
-                        };
-                        bar.set_message(format!("checking {format} b{batch} {vname}"));
-                        let timed = match m {
+                        let mut row = base.format_row(vname, st.format, batch, st.err);
+                        row.quantize_ms = st.quantize_ms;
+                        bar.set_message(format!("checking {} b{batch} {vname}", st.format));
+                        let timed = match &st.matrix {
                             Err(e) => {
                                 row.head.status = "error".into();
                                 row.note = e.to_string();
@@ -292,18 +242,23 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                                         batch,
                                     };
                                     let ran = check.run(*variant, &mut row);
-                                    ran.then_some((p, *variant))
+                                    ran.then_some(Timed::Ours(p, *variant))
                                 }
                             },
                         };
                         point.push((row, timed));
                     }
                 }
+                if peers.multiplies() {
+                    bar.set_message(format!("checking the peers at {rows}x{cols} b{batch}"));
+                    let checks = (&x[..], &sampled[..], &want_dense[..]);
+                    point.extend(peers.matmul_rows(&base, &w, batch, checks)?);
+                }
                 bar.set_message(format!("timing {rows}x{cols} {} b{batch}", dist.name()));
                 time_interleaved(
                     &mut point,
-                    &x,
-                    batch,
+                    peers.peers_mut(),
+                    (&x, batch),
                     reps,
                     &spec.limits,
                     &mut flusher,
@@ -324,15 +279,16 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
 }
 
 /// Times every runnable row of one (shape, weights, batch) point round-robin: repetition i
-/// of every format and variant runs before repetition i + 1 of any, each after a cache flush,
-/// so the shared machine's drift (its read bandwidth moved 25–50 GB/s within an hour) hits all
-/// of them alike and the speed-ups compare like with like. Stops after `reps` rounds, or once
-/// at least 3 rounds ran and the point has used `seconds_per_point` per row. Then fills the
-/// timing columns and the speed-ups over the fastest f32 and the f16 row of the point.
+/// of every format, variant and peer runs before repetition i + 1 of any, each after a cache
+/// flush, so the shared machine's drift (its read bandwidth moved 25–50 GB/s within an hour)
+/// hits all of them alike and the speed-ups compare like with like. Stops after `reps`
+/// rounds, or once at least 3 rounds ran and the point has used `seconds_per_point` per row.
+/// Then fills the timing columns and the speed-ups over our fastest f32 and f16 rows of the
+/// point (a peer's row too: its time against ours).
 fn time_interleaved(
-    point: &mut [(QuantRow, Option<(Prepared, MatVecVariant)>)],
-    x: &[f32],
-    batch: usize,
+    point: &mut [(QuantRow, Option<Timed>)],
+    peers: &mut [Peer],
+    (x, batch): (&[f32], usize),
     reps: usize,
     limits: &Limits,
     flusher: &mut CacheFlusher,
@@ -343,16 +299,16 @@ fn time_interleaved(
     let mut errors: Vec<Option<String>> = vec![None; point.len()];
     let mut ys: Vec<Vec<f32>> = point
         .iter()
-        .map(|(_, t)| {
-            t.as_ref()
-                .map_or(vec![], |(m, _)| vec![0.0; batch * m.rows()])
+        .map(|(_, t)| match t {
+            Some(Timed::Ours(m, _)) => vec![0.0; batch * m.rows()],
+            _ => vec![],
         })
         .collect();
     let budget = limits.seconds_per_point * live as f64;
     let mut spent = 0.0;
     // CUDA rows: the kernel alone, resident data, CUDA events (after a warm-up).
     for (i, (_, timed)) in point.iter().enumerate() {
-        if let Some((m, MatVecVariant::Cuda)) = timed {
+        if let Some(Timed::Ours(m, MatVecVariant::Cuda)) = timed {
             let m = m.rows_matrix();
             match quant_kernels::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| g.time(reps))
             {
@@ -366,21 +322,28 @@ fn time_interleaved(
             break;
         }
         for (i, (_, timed)) in point.iter().enumerate() {
-            let (Some((p, variant)), None) = (timed, &errors[i]) else {
-                continue;
-            };
-            if *variant == MatVecVariant::Cuda {
+            if errors[i].is_some() {
                 continue;
             }
-            let t = time_reps(1, f64::INFINITY, flusher, || {
-                p.matmul(x, batch, &mut ys[i], *variant)
-            });
+            let t = match timed {
+                None | Some(Timed::Ours(_, MatVecVariant::Cuda)) => continue,
+                Some(Timed::Ours(p, variant)) => time_reps(1, f64::INFINITY, flusher, || {
+                    p.matmul(x, batch, &mut ys[i], *variant)
+                })
+                .map(|t| t.samples[0])
+                .map_err(|e| e.to_string()),
+                Some(Timed::Peer(k)) => {
+                    // The caches are the machine's: evict them before the peer's call too.
+                    flusher.flush();
+                    peers[*k].time_once()
+                }
+            };
             match t {
                 Ok(t) => {
-                    spent += t.samples[0];
-                    samples[i].push(t.samples[0]);
+                    spent += t;
+                    samples[i].push(t);
                 }
-                Err(e) => errors[i] = Some(e.to_string()),
+                Err(e) => errors[i] = Some(e),
             }
         }
     }
@@ -392,7 +355,9 @@ fn time_interleaved(
         point
             .iter()
             .zip(&medians)
-            .filter(|((r, _), _)| r.format == format && r.head.status == "ok")
+            .filter(|((r, t), _)| {
+                matches!(t, Some(Timed::Ours(..))) && r.format == format && r.head.status == "ok"
+            })
             .filter_map(|(_, m)| *m)
             .reduce(f64::min)
     };
@@ -404,6 +369,11 @@ fn time_interleaved(
         if let Some(e) = &errors[i] {
             row.head.status = "error".into();
             row.note = e.clone();
+            continue;
+        }
+        if samples[i].is_empty() {
+            row.head.status = "error".into();
+            row.note = "not timed".into();
             continue;
         }
         let t = Timing {
@@ -464,81 +434,4 @@ impl Check<'_> {
         }
         true
     }
-}
-
-/// The quant family's `RenderFn`.
-pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
-    report::<QuantCols>(spec, csv, prov, |_, rows| tables(rows))
-}
-
-/// The markdown tables of a quant run: errors per format, the batch-1 GEMV, and speed-ups
-/// over f32 weights by batch size.
-pub fn tables(rows: &[QuantRow]) -> String {
-    let mut md = String::new();
-    let ok: Vec<&QuantRow> = rows
-        .iter()
-        .filter(|r| r.head.status == "ok" || r.head.status == "fail")
-        .collect();
-    let first_batch = ok.iter().map(|r| r.batch).min().unwrap_or(1);
-    let _ = writeln!(
-        md,
-        "## Quantisation error (per format; output error at batch {first_batch})\n"
-    );
-    let _ = writeln!(md, "| shape | weights | format | bits/weight | weight RMSE | max abs | SNR dB | output rel err |\n|---|---|---|---|---|---|---|---|");
-    for r in ok
-        .iter()
-        .filter(|r| r.batch == first_batch && r.head.variant == ok[0].head.variant)
-    {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {:.3} | {:.2e} | {:.2e} | {:.1} | {} |",
-            r.shape,
-            r.weights,
-            r.format,
-            r.bits_per_weight,
-            r.w_rmse,
-            r.w_max_abs,
-            r.w_snr_db,
-            r.out_rel_err.map_or("–".into(), |e| format!("{e:.2e}"))
-        );
-    }
-    let _ = writeln!(md, "\n## Timing\n");
-    let _ = writeln!(md, "| shape | weights | batch | format | variant | median ms | p10–p90 ms | GB/s | % read BW | GFLOP/s | × f32 | × f16 | rel L2 vs ref | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in &ok {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} | {} | {} | {} |",
-            r.shape,
-            r.weights,
-            r.batch,
-            r.format,
-            r.head.variant,
-            fmt_opt(r.head.median_ms, 3),
-            fmt_opt(r.head.p10_ms, 3),
-            fmt_opt(r.head.p90_ms, 3),
-            fmt_opt(r.gbps, 1),
-            fmt_opt(r.pct_read_bw, 0),
-            fmt_opt(r.gflops, 1),
-            fmt_opt(r.speedup_vs_f32, 2),
-            fmt_opt(r.speedup_vs_f16, 2),
-            fmt_err(r.rel_l2_err),
-            r.head.status
-        );
-    }
-    let bad: Vec<&QuantRow> = rows.iter().filter(|r| r.head.status != "ok").collect();
-    if !bad.is_empty() {
-        let _ = writeln!(
-            md,
-            "\n## Rows not passing\n\n| format | shape | batch | status | why |\n|---|---|---|---|---|"
-        );
-        for r in bad {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} |",
-                r.format, r.shape, r.batch, r.head.status, r.note
-            );
-        }
-    }
-    md.push('\n');
-    md
 }

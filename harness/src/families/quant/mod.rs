@@ -7,10 +7,16 @@ use crate::family::{listed, ExpFamily, Family, ReplayFamily, VariantInfo};
 
 /// `harness check --family quant`.
 pub mod check;
-/// `harness exp` for quant specs, and its tables.
+/// The rows of quant experiments.
+pub mod cols;
+/// `harness exp` for quant specs.
 pub mod exp;
+/// Peers of quant experiments: PyTorch's `F.linear`, gguf-py's quantisers.
+mod peers;
 /// `harness replay` of quant case files.
 pub mod replay;
+/// The tables of a quant run.
+pub mod report;
 
 pub const FAMILY: Family = Family {
     name: "quant",
@@ -21,8 +27,8 @@ pub const FAMILY: Family = Family {
         grid_keys: GRID_KEYS,
         variant: |v| crate::registry::quant_variant(v).map(|_| ()),
         run: exp::run,
-        render: exp::render,
-        peers: false,
+        render: report::render,
+        peers: true,
     }),
     replay: Some(ReplayFamily {
         needs: "x ([rows, cols] f32), optionally q (u8 packed blocks) and out, act and y",

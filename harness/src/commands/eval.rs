@@ -1,0 +1,247 @@
+//! `harness eval perplexity`: the token-level negative log-likelihood of a model over a text,
+//! in llama.cpp's `llama-perplexity` convention (chunks of `--ctx` tokens, the second half of
+//! each scored) or transformers' sliding window (`--stride`), with the perplexity and its
+//! standard error, the KL divergence and top-1 agreement against a reference run's
+//! log-probabilities (`--reference-logits`, written by an earlier run's `--save-logits`), and
+//! the tokens per second of the evaluation.
+
+use crate::error::{HarnessError, Result};
+use crate::model_source::resolve_model;
+use crate::quality::{run, RefLogits, RefMeta};
+use crate::texts::{sha256_hex, Text};
+use crate::Format;
+use models::eval::perplexity::windows;
+use models::{load, LoadOptions};
+use quant_kernels::WeightFormat;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// The flags of `harness eval perplexity`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PerplexityArgs {
+    /// A GGUF llama file, a Hugging Face checkpoint directory, smollm2 (the fetched GGUF), or
+    /// a preset (random weights: for trying the command only).
+    #[arg(long)]
+    pub model: String,
+    /// The text: gpl3 (/usr/share/common-licenses/GPL-3), licenses (every Debian licence
+    /// text), rust (this checkout's kernel sources), seeds (the claims' source documents,
+    /// Chinese), or a path to a UTF-8 file.
+    #[arg(long)]
+    pub text: String,
+    /// Convert every weight matrix to this format (f32, f16, q8_0, q4_0, sym4g32, ...);
+    /// default: keep the checkpoint's.
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// The product of every projection: packed (default; llama.cpp's int8-activation
+    /// arithmetic for q4_0/q4_1/q8_0), fused:act=q8, fused (f32 activations: transformers'
+    /// float32 arithmetic).
+    #[arg(long, default_value = "packed")]
+    pub matmul: String,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Tokens between window starts: --ctx (default) is llama.cpp's chunks, each scoring its
+    /// second half; smaller is transformers' sliding window, each scoring its last STRIDE.
+    #[arg(long)]
+    pub stride: Option<usize>,
+    /// Evaluate at most this many windows (default: every window of the text).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Save this run's log-probabilities (f32, scored rows × vocabulary: ~200 KB per scored
+    /// token for SmolLM2) as a reference for --reference-logits.
+    #[arg(long, value_name = "FILE")]
+    pub save_logits: Option<PathBuf>,
+    /// A reference run's --save-logits file (same model file, text and windows): the KL
+    /// divergence and top-1 agreement of this run against it.
+    #[arg(long, value_name = "FILE")]
+    pub reference_logits: Option<PathBuf>,
+    /// Worker threads (default: all logical cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// table: a few lines; json: one object.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+/// What `eval perplexity --format json` prints.
+#[derive(Debug, Serialize)]
+pub struct PerplexityReport {
+    pub model: String,
+    pub model_id: String,
+    pub weights: String,
+    pub matmul: String,
+    pub text: String,
+    pub text_origin: String,
+    pub text_sha256: String,
+    pub text_tokens: usize,
+    pub ctx: usize,
+    pub stride: usize,
+    pub windows: usize,
+    pub scored_tokens: usize,
+    pub nll_mean: f64,
+    pub ppl: f64,
+    /// llama.cpp's "+/-": the perplexity times the standard error of the mean NLL.
+    pub ppl_stderr: f64,
+    pub ppl_ci95: (f64, f64),
+    pub kl_mean: Option<f64>,
+    pub kl_stderr: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub tokens_per_s: f64,
+    pub seconds: f64,
+    pub threads: usize,
+}
+
+/// The model's identity for reference files: the file's sha256, a directory's files' hashed
+/// in name order, or the preset's name.
+pub fn model_id(model: &str) -> Result<String> {
+    let path = Path::new(model);
+    let io = |e: std::io::Error| HarnessError::Usage(format!("--model {model}: {e}"));
+    if path.is_file() {
+        return Ok(format!(
+            "sha256:{}",
+            sha256_hex(&std::fs::read(path).map_err(io)?)
+        ));
+    }
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(io)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        let mut all = vec![];
+        for f in files {
+            all.extend(std::fs::read(&f).map_err(io)?);
+        }
+        return Ok(format!("sha256:{}", sha256_hex(&all)));
+    }
+    Ok(format!("preset {model}"))
+}
+
+/// Runs `harness eval perplexity`; the report is printed by the caller.
+pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityReport> {
+    let text = Text::resolve(&a.text, root)?;
+    let path = resolve_model(&a.model)?;
+    let weights = a.weights.as_deref().map(WeightFormat::parse).transpose()?;
+    let matmul = crate::registry::quant_variant(&a.matmul)?.1;
+    let opts = LoadOptions {
+        attention: "paged".into(),
+        weights,
+        matmul,
+        ..LoadOptions::default()
+    };
+    let loaded = load(&path, &opts)?;
+    let tokenizer = loaded.tokenizer.ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "--model {}: it has no tokenizer (a preset); perplexity needs a real model",
+            a.model
+        ))
+    })?;
+    let model = loaded.model;
+    let tokens = tokenizer.encode(&text.content)?;
+    let ctx = a.ctx;
+    if ctx > model.cfg.context {
+        return Err(HarnessError::Usage(format!(
+            "--ctx {ctx} is beyond the model's context of {}",
+            model.cfg.context
+        )));
+    }
+    let stride = a.stride.unwrap_or(ctx);
+    let wins = windows(tokens.len(), ctx, stride, a.chunks).map_err(HarnessError::Usage)?;
+    let meta = RefMeta {
+        model: model_id(&path)?,
+        text_sha256: text.sha256.clone(),
+        ctx,
+        stride,
+        windows: wins.len(),
+        vocab: model.cfg.vocab,
+    };
+    let reference = match &a.reference_logits {
+        Some(p) => {
+            let r = RefLogits::load(p)?;
+            r.check(&meta, p)?;
+            Some(r)
+        }
+        None => None,
+    };
+    let bar = crate::run_files::progress_bar(wins.len());
+    bar.set_message(format!("{} windows of {ctx} tokens", wins.len()));
+    let out = run(
+        &model,
+        &tokens,
+        &wins,
+        reference.as_ref(),
+        a.save_logits.is_some(),
+        &bar,
+    )?;
+    bar.finish_and_clear();
+    if let (Some(p), Some(kept)) = (&a.save_logits, out.kept.as_ref()) {
+        RefLogits {
+            meta: meta.clone(),
+            logprobs: kept.clone(),
+        }
+        .save(p)?;
+    }
+    Ok(PerplexityReport {
+        model: a.model.clone(),
+        model_id: meta.model,
+        weights: a.weights.clone().unwrap_or_else(|| "native".into()),
+        matmul: a.matmul.clone(),
+        text: text.name,
+        text_origin: text.origin,
+        text_sha256: text.sha256,
+        text_tokens: tokens.len(),
+        ctx,
+        stride,
+        windows: wins.len(),
+        scored_tokens: out.stats.nll.count,
+        nll_mean: out.stats.nll.mean(),
+        ppl: out.stats.ppl(),
+        ppl_stderr: out.stats.ppl_stderr(),
+        ppl_ci95: out.stats.ppl_ci95(),
+        kl_mean: out.kl.map(|k| k.kl.mean()),
+        kl_stderr: out.kl.map(|k| k.kl.stderr()),
+        top1_agreement: out.kl.map(|k| k.top1_agreement()),
+        tokens_per_s: out.tokens_per_s(),
+        seconds: out.seconds,
+        threads: rayon::current_num_threads(),
+    })
+}
+
+impl PerplexityReport {
+    /// The table form: a few lines.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "{} ({}) weights {} matmul {}\ntext {} ({}, sha256 {}…): {} tokens, {} windows of {} (stride {}), {} scored\nPPL = {:.4} +/- {:.5} (95% CI {:.4}–{:.4}), mean NLL {:.5}\n",
+            self.model,
+            self.model_id,
+            self.weights,
+            self.matmul,
+            self.text,
+            self.text_origin,
+            &self.text_sha256[..12],
+            self.text_tokens,
+            self.windows,
+            self.ctx,
+            self.stride,
+            self.scored_tokens,
+            self.ppl,
+            self.ppl_stderr,
+            self.ppl_ci95.0,
+            self.ppl_ci95.1,
+            self.nll_mean
+        );
+        if let (Some(kl), Some(e), Some(t)) = (self.kl_mean, self.kl_stderr, self.top1_agreement) {
+            s.push_str(&format!(
+                "KL divergence from the reference {kl:.6} +/- {e:.6} nats, top-1 agreement {:.2}%\n",
+                100.0 * t
+            ));
+        }
+        s.push_str(&format!(
+            "{:.1} tokens/s ({} threads, {:.1} s)",
+            self.tokens_per_s, self.threads, self.seconds
+        ));
+        s
+    }
+}
