@@ -6,7 +6,10 @@
 #   3. flash_vs_paged --device cuda at H200-sized shapes: decode (batch 8/32, GQA 32/8,
 #      contexts 4k/16k) and bf16 prefill (1k..8k), plus PyTorch's scaled_dot_product_attention
 #      on the same prefill shapes, timed the same way (CUDA events, median);
-#   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8.
+#   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8;
+#   5. moe_capacity --device cuda: the experts as grouped GEMMs (cuda_grouped, bf16 and f16)
+#      at 1024 tokens, 8 and 64 experts, top-2, capacity 1.25, rank-major with DeepSpeed's
+#      weights, and expert choice.
 # Writes logs and CSV/JSON under $OUT (default ./gpu-out) and a short table last.
 # Needs the harness binary: target/gpu/harness (scripts/gpu-prepare.sh) or $HARNESS, or
 # cargo with the crates already present.
@@ -63,6 +66,11 @@ step() { echo; echo "=== $* ($(date -u +%T))"; }
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp quant_tradeoff --device cuda --reps 50 \
         --set shape=4096x4096,4096x11008 --set batch=1,8 --set weights=gaussian \
         --set format=f16,q8_0,q4_0,sym4g32
+    step "moe grouped expert GEMMs"
+    timeout 120 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp moe_capacity --device cuda --reps 20 \
+        --set experts=8,64 --set top_k=2 --set skew=1.0 --set capacity=1.25 --set policy=gshard \
+        --set norm=renormalize_kept --set routing=token_choice,expert_choice \
+        --variant cuda_grouped --variant cuda_grouped:dtype=f16
 } 2>&1 | tee "$OUT/log.txt"
 step "summary" | tee -a "$OUT/log.txt"
 python3 scripts/gpu_summary.py "$RES" "$OUT/sdpa.csv" 2>&1 | tee "$OUT/summary.txt"
