@@ -9,6 +9,9 @@
 #      same f64 reference, CUDA events, in rounds alternating with ours);
 #   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8,
 #      beside PyTorch's F.linear in bf16 (scripts/peers/torch_linear).
+#   5. moe_capacity --device cuda: the experts as grouped GEMMs (cuda_grouped, bf16 and f16)
+#      at 1024 tokens, 8 and 64 experts, top-2, capacity 1.25, rank-major with DeepSpeed's
+#      weights, and expert choice.
 # The peers run under the machine's python3 (WORKBENCH_PEER_PYTHON), which holds PyTorch.
 # Writes logs and CSV/JSON under $OUT (default ./gpu-out) and a short table last.
 # Needs the harness binary: target/gpu/harness (scripts/gpu-prepare.sh) or $HARNESS, or
@@ -66,6 +69,11 @@ step() { echo; echo "=== $* ($(date -u +%T))"; }
     timeout 150 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp quant_tradeoff --device cuda --reps 50 \
         --set shape=4096x4096,4096x11008 --set batch=1,8 --set weights=gaussian \
         --set format=f16,q8_0,q4_0,sym4g32 --peer torch_linear:dtype=bf16
+    step "moe grouped expert GEMMs"
+    timeout 120 "$H" --results-dir "$RES" --experiments-dir "$PWD/experiments" exp moe_capacity --device cuda --reps 20 \
+        --set experts=8,64 --set top_k=2 --set skew=1.0 --set capacity=1.25 --set policy=gshard \
+        --set norm=renormalize_kept --set routing=token_choice,expert_choice \
+        --variant cuda_grouped --variant cuda_grouped:dtype=f16
 } 2>&1 | tee "$OUT/log.txt"
 step "summary" | tee -a "$OUT/log.txt"
 python3 scripts/gpu_summary.py "$RES" 2>&1 | tee "$OUT/summary.txt"

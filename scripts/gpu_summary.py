@@ -1,6 +1,7 @@
 """The short table gpu-check.sh prints last: device ceilings, check failures, paged decode
 as % of the copy bandwidth, our kernels against the torch_sdpa / torch_linear peers of the
-same runs (same points, alternating rounds), int4 GEMV against f16."""
+same runs (same points, alternating rounds), int4 GEMV against f16, the MoE grouped expert
+GEMMs."""
 import csv
 import glob
 import json
@@ -47,3 +48,8 @@ print("\nGEMV     shape       batch   ms      GB/s  %copy  x f16  status")
 for r in q:
     f = lambda k: float(r[k]) if r[k] else float("nan")
     print(f"{r['format']:<8} {r['shape']:<11} {r['batch']:>5} {f('median_ms'):7.4f} {f('gbps'):7.0f} {f('pct_read_bw'):6.1f} {f('speedup_vs_f16'):6.2f} {r['status']}")
+moe = rows("moe_capacity/*.csv")
+print("\nMoE experts     routing        experts k  dtype  ms      GFLOP/s  status")
+for r in moe:
+    f = lambda k: float(r[k]) if r[k] else float("nan")
+    print(f"{r['variant']:<15} {r['routing']:<14} {r['experts']:>7} {r['top_k'] or '-':>2} {r['dtype']:<6} {f('median_ms'):7.4f} {f('gflops'):8.0f} {r['status']}")

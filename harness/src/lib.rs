@@ -92,6 +92,7 @@ pub fn cuda_sources() -> Vec<kernel_cuda::KernelSource> {
         attention_kernels::cuda::SOURCE,
         paged_kernels::cuda::SOURCE,
         moe_kernels::cuda::SOURCE,
+        moe_kernels::cuda::experts::SOURCE,
         quant_kernels::cuda::SOURCE,
         spec_kernels::cuda::SOURCE,
         kernel_cuda::roofline::SOURCE,

@@ -53,11 +53,12 @@ pub fn quant_variant(spec: &str) -> Result<(String, quant_kernels::MatVecVariant
     }
 }
 
-/// The moe-family expert variant for `spec` (`grouped`, `naive`).
+/// The moe-family expert variant for `spec` (`grouped`, `naive`, `cuda_grouped:dtype=f16`),
+/// with its name as given.
 pub fn moe_variant(spec: &str) -> Result<(String, moe_kernels::ExpertVariant)> {
     let parsed = VariantSpec::parse(spec)?;
     match moe_kernels::variant_from_spec(&parsed)? {
-        Some(v) => Ok((parsed.name.clone(), v)),
+        Some(v) => Ok((spec.to_string(), v)),
         None => Err(unknown("moe", &parsed.name, moe_kernels::VARIANTS)),
     }
 }

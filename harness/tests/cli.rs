@@ -455,12 +455,53 @@ fn bad_moe_grids_are_one_line() {
     s.expect_usage_error(&["exp", "tinymoe", "--set", "capacity=0"], "capacity");
     s.expect_usage_error(&["exp", "tinymoe", "--set", "capacity=-1.5"], "capacity");
     s.expect_usage_error(&["exp", "tinymoe", "--set", "skew=-1"], "skew");
-    s.expect_usage_error(&["exp", "tinymoe", "--set", "policy=random"], "policy");
-    s.expect_usage_error(&["exp", "tinymoe", "--set", "norm=softmax"], "norm");
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--set", "policy=random"],
+        "policy 'random' is not order, gshard, score or reroute",
+    );
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--set", "norm=softmax"],
+        "norm 'softmax' is not renormalize, raw or renormalize_kept",
+    );
     s.expect_usage_error(&["exp", "tinymoe", "--set", "d_model=0"], "d_model");
     s.expect_usage_error(
         &["exp", "tinymoe", "--variant", "flash2"],
         "unknown moe variant",
+    );
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--set", "routing=both"],
+        "routing 'both'",
+    );
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--set", "min_capacity=-1"],
+        "min_capacity",
+    );
+    // Expert choice: no top-k to give, no top-k to renormalise over, and a factor that
+    // truncates to 0 tokens per expert without a floor.
+    let ec = ["exp", "tinymoe", "--set", "routing=expert_choice"];
+    s.expect_usage_error(
+        &[&ec[..], &["--set", "norm=raw", "--set", "top_k=2"]].concat(),
+        "takes no top_k",
+    );
+    s.expect_usage_error(&ec, "none of the grid's norms");
+    s.expect_usage_error(
+        &[
+            &ec[..],
+            &[
+                "--set",
+                "norm=raw",
+                "--set",
+                "min_capacity=0",
+                "--set",
+                "capacity=0.05",
+            ],
+        ]
+        .concat(),
+        "0 slots per expert",
+    );
+    s.expect_usage_error(
+        &["exp", "tinymoe", "--variant", "cuda_grouped:dtype=f32"],
+        "f16 or bf16",
     );
 }
 
@@ -532,6 +573,86 @@ fn tiny_moe_experiment_writes_rows() {
             assert!(e > 0.1, "dropping changes the output: {e}");
         }
     }
+}
+
+#[test]
+fn tiny_moe_conventions_write_their_statistics() {
+    let s = Setup::new("tiny_moe_conventions");
+    let out = s.run(&[
+        "exp",
+        "tinymoe",
+        "--threads",
+        "2",
+        "--variant",
+        "grouped",
+        "--set",
+        "capacity=0.5",
+        "--set",
+        "skew=1.5",
+        "--set",
+        "policy=order,gshard,score,reroute",
+        "--set",
+        "norm=raw,renormalize_kept",
+        "--set",
+        "routing=token_choice,expert_choice",
+        "--set",
+        "min_capacity=0",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let csv_path = files_with_ext(&s.results.join("tinymoe"), "csv").remove(0);
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let h = reader.headers().unwrap().clone();
+    let col = |name: &str| column(&h, name);
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    // 4 policies x 2 norms of token choice, 2 norms of expert choice.
+    assert_eq!(rows.len(), 10, "{rows:?}");
+    let num = |r: &csv::StringRecord, c: &str| -> f64 { r[col(c)].parse().unwrap() };
+    let find = |routing: &str, policy: &str, norm: &str| {
+        rows.iter()
+            .find(|r| {
+                &r[col("routing")] == routing
+                    && &r[col("policy")] == policy
+                    && &r[col("norm")] == norm
+            })
+            .unwrap_or_else(|| panic!("no row {routing} {policy} {norm}"))
+    };
+    for r in &rows {
+        assert_eq!(&r[col("status")], "ok", "{r:?}");
+    }
+    // The same load and capacity drop the same number under every non-rerouting policy;
+    // reroute moves some of them instead.
+    let dropped = num(find("token_choice", "gshard", "raw"), "dropped");
+    assert!(dropped > 0.0);
+    for p in ["order", "score"] {
+        assert_eq!(num(find("token_choice", p, "raw"), "dropped"), dropped);
+    }
+    let rerouted = find("token_choice", "reroute", "raw");
+    assert!(num(rerouted, "rerouted") > 0.0, "{rerouted:?}");
+    assert_eq!(
+        num(rerouted, "dropped") + num(rerouted, "rerouted"),
+        dropped,
+        "every drop of gshard either stays dropped or is rerouted"
+    );
+    assert_eq!(num(find("token_choice", "order", "raw"), "rerouted"), 0.0);
+    // Expert choice: no top_k, no policy, nothing dropped, every expert full.
+    let ec = find("expert_choice", "", "raw");
+    assert_eq!(&ec[col("top_k")], "");
+    assert_eq!(num(ec, "dropped"), 0.0);
+    let slots = num(ec, "capacity_slots");
+    assert_eq!(slots, (40.0f64 * 0.5 / 4.0).floor());
+    assert_eq!(num(ec, "assignments"), 4.0 * slots);
+    assert!(num(ec, "unserved_tokens") > 0.0, "{ec:?}");
+    // The weight rules differ only in the weights: the same decisions, other outputs.
+    let (a, b) = (
+        find("token_choice", "gshard", "raw"),
+        find("token_choice", "gshard", "renormalize_kept"),
+    );
+    assert_eq!(num(a, "unserved_tokens"), num(b, "unserved_tokens"));
+    assert_ne!(
+        num(a, "out_rel_err_vs_dropless"),
+        num(b, "out_rel_err_vs_dropless")
+    );
 }
 
 #[test]

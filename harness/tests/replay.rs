@@ -1,7 +1,9 @@
 //! `harness replay` end to end on case files written by third-party code (PyTorch SDPA, paged
-//! decode over SDPA and a Mixtral-style MoE in tests/cases, the `gguf` package's quantisers in
-//! kernels/quant/tests/data), on a tampered output (exit 1) and on corrupted files (exit 2
-//! with one line).
+//! decode over SDPA, a Mixtral-style MoE and plain PyTorch ports of the MoE routing
+//! conventions — DeepSpeed-MoE, Tutel, Switch, rerouting, expert choice — in tests/cases, the
+//! `gguf` package's quantisers in kernels/quant/tests/data), on a tampered output and on a
+//! convention the file was not written in (exit 1), and on corrupted files (exit 2 with one
+//! line).
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -100,6 +102,59 @@ fn pytorch_moe_case_agrees() {
     );
 }
 
+/// The routing-convention cases of tests/cases/make_moe_conventions.py.
+const MOE_CONVENTIONS: [&str; 7] = [
+    "moe_deepspeed_top2",
+    "moe_deepspeed_min_capacity",
+    "moe_tutel_top2",
+    "moe_deepspeed_topk_probs",
+    "moe_switch_top1",
+    "moe_reroute_top2",
+    "moe_expert_choice",
+];
+
+#[test]
+fn pytorch_moe_convention_cases_agree() {
+    for case in MOE_CONVENTIONS {
+        let path = repo(&format!("tests/cases/{case}.safetensors"));
+        let (code, rows) = json_rows(&[&path], &[]);
+        assert_eq!(code, 0, "{case}: {rows:#?}");
+        for v in ["grouped", "naive"] {
+            assert_eq!(status_of(&rows, v), vec!["agree"], "{case} {v}: {rows:#?}");
+        }
+        for r in rows.iter().filter(|r| r["status"] == "agree") {
+            assert!(
+                r["vs_stored_rel_l2"].as_f64().unwrap() < 1e-5,
+                "{case}: {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_moe_case_replayed_in_another_convention_disagrees() {
+    // (case, metadata key, value): each a neighbouring convention whose decisions or weights
+    // differ on that file, so the cases tell the conventions apart.
+    for (case, key, value) in [
+        ("moe_deepspeed_top2", "policy", "order"),
+        ("moe_deepspeed_top2", "norm", "renormalize"),
+        ("moe_deepspeed_min_capacity", "min_capacity", "1"),
+        ("moe_tutel_top2", "norm", "renormalize_kept"),
+        ("moe_deepspeed_topk_probs", "policy", "gshard"),
+        ("moe_switch_top1", "norm", "renormalize"),
+        ("moe_reroute_top2", "policy", "gshard"),
+        ("moe_expert_choice", "norm", "renormalize_kept"),
+    ] {
+        let path = rewrite_case(case, &format!("{case}-{key}"), |_, m| {
+            m.insert(key.into(), value.into());
+        });
+        let (code, rows) = json_rows(&[&path], &["--variant", "grouped"]);
+        assert_eq!(code, 1, "{case} as {key}={value}: {rows:#?}");
+        assert_eq!(status_of(&rows, "grouped"), vec!["disagree"], "{case}");
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
 #[test]
 fn gguf_cases_are_byte_exact() {
     let files: Vec<PathBuf> = ["q8_0", "q4_0", "q4_1"]
@@ -123,17 +178,26 @@ fn gguf_cases_are_byte_exact() {
     assert_eq!(rows.len(), 1, "{rows:#?}");
 }
 
+/// A tensor of a case being rewritten: name, dtype, shape, bytes.
+type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+
 /// The committed SDPA case with `edit` applied to its tensors and metadata, written to a temp
 /// file.
-fn rewrite(
+fn rewrite(name: &str, edit: impl FnOnce(&mut Tensors, &mut HashMap<String, String>)) -> PathBuf {
+    rewrite_case("sdpa_gqa_causal", name, edit)
+}
+
+/// The committed case `tests/cases/{case}.safetensors` with `edit` applied, in a temp file.
+fn rewrite_case(
+    case: &str,
     name: &str,
-    edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>, &mut HashMap<String, String>),
+    edit: impl FnOnce(&mut Tensors, &mut HashMap<String, String>),
 ) -> PathBuf {
-    let bytes = std::fs::read(repo("tests/cases/sdpa_gqa_causal.safetensors")).unwrap();
+    let bytes = std::fs::read(repo(&format!("tests/cases/{case}.safetensors"))).unwrap();
     let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
     let mut meta = header.metadata().clone().unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+    let mut tensors: Tensors = st
         .tensors()
         .into_iter()
         .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
@@ -230,6 +294,68 @@ fn corrupted_cases_are_one_line_exit_2() {
             "cannot be replayed",
         ),
     ];
+    // A moe case's routing metadata: unknown names, expert choice with a k, a floor of 0
+    // slots, a weight rule expert choice cannot apply.
+    let moe = |name: &str, edits: &[(&str, &str)], drop: &[&str]| {
+        let (edits, drop): (Vec<(String, String)>, Vec<String>) = (
+            edits
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            drop.iter().map(|k| k.to_string()).collect(),
+        );
+        rewrite_case("moe_deepspeed_top2", name, move |_, m| {
+            for k in drop {
+                m.remove(&k);
+            }
+            m.extend(edits);
+        })
+    };
+    let mut cases = cases;
+    cases.extend([
+        (
+            moe("policy", &[("policy", "random")], &[]),
+            "policy 'random'",
+        ),
+        (moe("norm", &[("norm", "softmax")], &[]), "norm 'softmax'"),
+        (
+            moe("routing", &[("routing", "both")], &[]),
+            "routing='both'",
+        ),
+        (
+            moe(
+                "ec_k",
+                &[("routing", "expert_choice"), ("norm", "raw")],
+                &["policy"],
+            ),
+            "takes no top_k",
+        ),
+        (
+            moe("min_cap", &[("min_capacity", "-1")], &[]),
+            "min_capacity='-1'",
+        ),
+        (
+            moe(
+                "zero_slots",
+                &[
+                    ("routing", "expert_choice"),
+                    ("norm", "raw"),
+                    ("capacity", "0.01"),
+                    ("min_capacity", "0"),
+                ],
+                &["top_k", "policy"],
+            ),
+            "0 slots",
+        ),
+        (
+            moe(
+                "ec_norm",
+                &[("routing", "expert_choice"), ("norm", "renormalize")],
+                &["top_k", "policy"],
+            ),
+            "no top-k to renormalise",
+        ),
+    ]);
     for (path, needle) in &cases {
         expect_malformed(path, needle);
         std::fs::remove_file(path).unwrap();

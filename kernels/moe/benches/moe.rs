@@ -6,20 +6,20 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use kernel_common::inputs::{normal_f32, rng};
 use moe_kernels::{
-    moe_forward, Capacity, DropPolicy, ExpertVariant, MoeConfig, MoeWeights, WeightNorm,
+    moe_forward, Capacity, ExpertVariant, MoeConfig, MoeWeights, Priority, WeightNorm,
 };
 
 fn bench(c: &mut Criterion) {
-    let cfg = MoeConfig {
-        tokens: 1024,
-        d_model: 512,
-        d_ff: 1024,
-        experts: 8,
-        top_k: 2,
-        norm: WeightNorm::Renormalize,
-        capacity: Capacity::Factor(1.25),
-        policy: DropPolicy::Score,
-    };
+    let cfg = MoeConfig::token_choice(
+        1024,
+        512,
+        1024,
+        8,
+        2,
+        Priority::Score,
+        WeightNorm::Renormalize,
+        Capacity::Factor(1.25),
+    );
     let w = MoeWeights::random(&cfg, 0.5, 1);
     let x = normal_f32(&mut rng(2), cfg.tokens * cfg.d_model, 1.0);
     let mut out = vec![0.0f32; x.len()];

@@ -7,11 +7,13 @@
 //!   expert's three GEMMs over all of them (threads over (expert, 128-token chunk) tasks, so one
 //!   busy expert still spreads over the cores), then combine: a weighted scatter-add back to
 //!   token order, in a fixed order so the result is deterministic.
+//! - `cuda_grouped`: the same on the device as grouped tensor-core GEMMs in f16 or bf16
+//!   storage (`cuda::experts`); x and the weights are rounded to that type on the way.
 
 use crate::config::MoeConfig;
-use crate::routing::Routing;
+use crate::decision::Routing;
 use crate::weights::MoeWeights;
-use kernel_common::{error::Result, KernelError};
+use kernel_common::{error::Result, DType, KernelError};
 use kernel_cpu::gemm::{sgemm, Strides};
 use rayon::prelude::*;
 
@@ -20,6 +22,8 @@ use rayon::prelude::*;
 pub enum ExpertVariant {
     Naive,
     Grouped,
+    /// On the CUDA device, in this storage type (f16 or bf16).
+    CudaGrouped(DType),
 }
 
 /// Tokens per grouped task.
@@ -49,30 +53,26 @@ pub fn experts_forward(
             out.len()
         )));
     }
-    if routing.assignments.len() != cfg.tokens * cfg.top_k {
-        return Err(KernelError::BadBuffer(format!(
-            "routing has {} assignments, expected tokens × top_k = {}",
-            routing.assignments.len(),
-            cfg.tokens * cfg.top_k
-        )));
-    }
+    routing.check(cfg)?;
     match variant {
         ExpertVariant::Naive => naive(cfg, w, x, routing, out),
         ExpertVariant::Grouped => grouped(cfg, w, x, routing, out),
+        ExpertVariant::CudaGrouped(dtype) => {
+            out.copy_from_slice(&crate::cuda::experts::experts_cuda(
+                cfg, w, x, routing, dtype,
+            )?);
+        }
     }
     Ok(())
 }
 
 fn naive(cfg: &MoeConfig, w: &MoeWeights, x: &[f32], routing: &Routing, out: &mut [f32]) {
-    let (d, f, k) = (cfg.d_model, cfg.d_ff, cfg.top_k);
+    let (d, f) = (cfg.d_model, cfg.d_ff);
     out.par_chunks_mut(d).enumerate().for_each(|(t, o)| {
         o.fill(0.0);
         let xt = &x[t * d..(t + 1) * d];
         let (mut g, mut u) = (vec![0.0f32; f], vec![0.0f32; f]);
-        for a in routing.assignments[t * k..(t + 1) * k]
-            .iter()
-            .filter(|a| a.kept)
-        {
+        for a in routing.of_token(t).iter().filter(|a| a.kept) {
             let (wg, wu) = (
                 &w.w_gate[a.expert * d * f..(a.expert + 1) * d * f],
                 &w.w_up[a.expert * d * f..(a.expert + 1) * d * f],

@@ -1,29 +1,42 @@
-//! Mixture-of-experts layers (Switch Transformer, GShard, Mixtral): a top-k router with a
-//! capacity factor and drop policies, dispatch of tokens to SwiGLU experts and a weighted
-//! combine, routing statistics (load per expert, drops, imbalance, the busiest 20%'s share,
-//! Switch's balance loss) and a skew knob for the router — for claims C13–C15.
+//! Mixture-of-experts layers (Switch Transformer, GShard, Mixtral, DeepSpeed-MoE, Tutel, expert
+//! choice): a router with token-choice top-k under capacity — the priority policies
+//! `order`, `gshard`, `score` and `reroute`, the weight rules `renormalize`, `raw` and
+//! `renormalize_kept`, DeepSpeed's `min_capacity` — or expert choice (each expert its top-c
+//! tokens); dispatch of tokens to SwiGLU experts and a weighted combine, on the CPU and as
+//! one grouped tensor-core GEMM launch for all experts on CUDA; routing statistics (load per
+//! expert, drops, reroutes, unserved tokens, imbalance, the busiest 20%'s share, Switch's
+//! balance loss) and a skew knob for the router — for claims C13–C15.
 
-/// CUDA router top-k, capacity, dispatch and combine (`moe.cu`).
+/// CUDA router top-k, capacity, dispatch and combine (`moe.cu`), and the grouped expert FFN.
 pub mod cuda;
 
-/// The layer descriptor: sizes, top-k, weight normalisation, capacity, drop policy.
+/// The layer descriptor: sizes, who chooses, priority policy, weight rule, capacity.
 pub mod config;
+/// The router's decisions (assignments per token, slots per expert).
+pub mod decision;
+/// Expert-choice selection (Zhou et al. 2022).
+mod expert_choice;
 /// Expert computation given the routing: naive per token, grouped per expert.
 pub mod forward;
 /// The f64 reference of the expert side.
 pub mod reference;
-/// The router (f32 and f64), selection with capacity, routing statistics.
+/// The router (f32 and f64), the decisions and combine weights.
 pub mod routing;
+/// Routing statistics.
+pub mod stats;
+/// Token-choice selection: top-k, capacity under each priority policy, rerouting.
+mod token_choice;
 /// Random weights and the Zipf-like router skew.
 pub mod weights;
 
-pub use config::{Capacity, DropPolicy, MoeConfig, WeightNorm};
+pub use config::{Capacity, Choice, MoeConfig, Priority, WeightNorm};
 pub use forward::{experts_forward, ExpertVariant};
-pub use routing::{route, route_reference, select, Assignment, Routing, RoutingStats};
+pub use routing::{route, route_reference, select, Assignment, Routing};
+pub use stats::RoutingStats;
 pub use weights::MoeWeights;
 
 use kernel_common::VariantInfo;
-use kernel_common::{error::Result, KernelError, VariantSpec};
+use kernel_common::{error::Result, DType, KernelError, VariantSpec};
 
 /// Variants of the moe family (`--variant NAME`).
 pub const VARIANTS: &[VariantInfo] = &[
@@ -34,6 +47,10 @@ pub const VARIANTS: &[VariantInfo] = &[
     VariantInfo::cpu(
         "naive",
         "per token, per kept assignment: three matrix-vector products (threads over tokens)",
+    ),
+    VariantInfo::cuda(
+        "cuda_grouped",
+        "the experts on CUDA: grouped tensor-core GEMMs (m16n8k16, f32 accumulation) over each expert's dispatched tokens, one launch per stage for all experts; dtype=bf16 (default) | f16 storage; any routing (decided by the CPU router)",
     ),
     VariantInfo::cuda(
         "cuda_router",
@@ -58,6 +75,15 @@ pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<ExpertVariant>> {
     let v = match spec.name.as_str() {
         "grouped" => ExpertVariant::Grouped,
         "naive" => ExpertVariant::Naive,
+        "cuda_grouped" => {
+            spec.only(&["dtype"])?;
+            let dtype = match spec.params.get("dtype") {
+                None => DType::BF16,
+                Some(name) => DType::parse(name)?,
+            };
+            cuda::experts::check_storage(dtype)?;
+            return Ok(Some(ExpertVariant::CudaGrouped(dtype)));
+        }
         _ => return Ok(None),
     };
     spec.only(&[])?;

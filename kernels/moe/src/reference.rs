@@ -3,7 +3,7 @@
 //! code with the kernels.
 
 use crate::config::MoeConfig;
-use crate::routing::Routing;
+use crate::decision::Routing;
 use crate::weights::MoeWeights;
 
 /// Reference outputs of `tokens` (each d_model values, in the order given).
@@ -14,15 +14,12 @@ pub fn experts_reference(
     routing: &Routing,
     tokens: &[usize],
 ) -> Vec<f64> {
-    let (d, f, k) = (cfg.d_model, cfg.d_ff, cfg.top_k);
+    let (d, f) = (cfg.d_model, cfg.d_ff);
     let mut out = Vec::with_capacity(tokens.len() * d);
     for &t in tokens {
         let xt = &x[t * d..(t + 1) * d];
         let mut y = vec![0.0f64; d];
-        for a in routing.assignments[t * k..(t + 1) * k]
-            .iter()
-            .filter(|a| a.kept)
-        {
+        for a in routing.of_token(t).iter().filter(|a| a.kept) {
             let e = a.expert;
             let mut h = vec![0.0f64; f];
             for (j, hj) in h.iter_mut().enumerate() {

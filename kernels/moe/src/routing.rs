@@ -1,41 +1,17 @@
 //! The router: logits = x·W_gate + bias (the bias is the experiments' skew knob), softmax per
-//! token, top-k with ties to the lower expert index (GShard/Switch/Mixtral), combine weights
-//! (renormalised or raw), then capacity: each expert keeps at most its slots under the drop
-//! policy and the rest of its assignments are dropped (those tokens contribute nothing through
-//! it; the residual stream carries them). `route` is the optimised f32 router (one GEMM for the
-//! logits); `route_reference` computes the probabilities in f64. Selection and capacity are
-//! one function, `select`, shared by both, so a test can hand either the other's decisions.
+//! token, then the decisions — token choice (`token_choice.rs`: top-k, capacity under a
+//! priority policy, rerouting) or expert choice (`expert_choice.rs`) — and the combine
+//! weights (`WeightNorm`). Assignments that lose their slot are dropped: those tokens
+//! contribute nothing through that expert (the residual stream carries them). `route` is the
+//! optimised f32 router (one GEMM for the logits); `route_reference` computes the
+//! probabilities in f64. The decisions are one function, `select`, shared by both, so a test
+//! can hand either the other's probabilities.
 
-use crate::config::{DropPolicy, MoeConfig, WeightNorm};
+use crate::config::{Choice, MoeConfig, WeightNorm};
+pub use crate::decision::{Assignment, Routing};
 use kernel_common::{error::Result, KernelError};
 use kernel_cpu::gemm::{sgemm, Strides};
 use rayon::prelude::*;
-
-/// One (token, rank) choice of the router.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Assignment {
-    pub token: usize,
-    /// 0 for the token's most probable expert.
-    pub rank: usize,
-    pub expert: usize,
-    /// Router probability of this expert for this token.
-    pub prob: f64,
-    /// Combine weight (renormalised or raw probability).
-    pub weight: f64,
-    /// Whether the expert had a slot for it.
-    pub kept: bool,
-}
-
-/// What the router decided for a batch of tokens.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Routing {
-    /// Softmax probabilities, tokens × experts.
-    pub probs: Vec<f64>,
-    /// tokens × top_k assignments in (token, rank) order.
-    pub assignments: Vec<Assignment>,
-    /// Slots per expert (None: dropless).
-    pub capacity: Option<usize>,
-}
 
 fn check_inputs(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Result<()> {
     cfg.validate()?;
@@ -60,7 +36,7 @@ fn check_inputs(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Resul
     Ok(())
 }
 
-/// The optimised router: logits by one f32 GEMM, softmax and selection per token in parallel.
+/// The optimised router: logits by one f32 GEMM, softmax per token in parallel, `select`.
 pub fn route(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Result<Routing> {
     check_inputs(cfg, x, gate, bias)?;
     let (t, d, e) = (cfg.tokens, cfg.d_model, cfg.experts);
@@ -119,107 +95,95 @@ pub fn route_reference(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -
     Ok(select(cfg, probs))
 }
 
-/// Top-k, combine weights and capacity from per-token probabilities (tokens × experts).
+/// The decisions and combine weights from per-token probabilities (tokens × experts).
 pub fn select(cfg: &MoeConfig, probs: Vec<f64>) -> Routing {
-    let (e, k) = (cfg.experts, cfg.top_k);
-    let mut assignments = Vec::with_capacity(cfg.tokens * k);
-    let mut order: Vec<usize> = (0..e).collect();
-    for (token, p) in probs.chunks(e).enumerate() {
-        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-        let chosen = &order[..k];
-        let sum: f64 = chosen.iter().map(|&j| p[j]).sum();
-        for (rank, &expert) in chosen.iter().enumerate() {
-            let weight = match cfg.norm {
-                WeightNorm::Renormalize => p[expert] / sum,
-                WeightNorm::Raw => p[expert],
+    let mut routing = match cfg.choice {
+        Choice::Tokens { top_k, policy } => {
+            crate::token_choice::select_tokens(cfg, probs, top_k, policy)
+        }
+        Choice::Experts => crate::expert_choice::select_experts(cfg, probs),
+    };
+    set_weights(&mut routing, cfg.norm);
+    routing
+}
+
+/// Combine weights per token from the probabilities of its assignments' experts.
+fn set_weights(routing: &mut Routing, norm: WeightNorm) {
+    for t in 0..routing.tokens() {
+        let own = &mut routing.assignments[routing.starts[t]..routing.starts[t + 1]];
+        let all: f64 = own.iter().map(|a| a.prob).sum();
+        // DeepSpeed clamps the denominator (here: a token whose kept probabilities all
+        // underflowed gets weight 0, not NaN).
+        let kept: f64 = own
+            .iter()
+            .filter(|a| a.kept)
+            .map(|a| a.prob)
+            .sum::<f64>()
+            .max(f64::MIN_POSITIVE);
+        for a in own.iter_mut() {
+            a.weight = match norm {
+                WeightNorm::Raw => a.prob,
+                WeightNorm::Renormalize => a.prob / all,
+                WeightNorm::RenormalizeKept if a.kept => a.prob / kept,
+                WeightNorm::RenormalizeKept => 0.0,
             };
-            assignments.push(Assignment {
-                token,
-                rank,
-                expert,
-                prob: p[expert],
-                weight,
-                kept: true,
-            });
         }
-    }
-    let capacity = cfg.capacity_slots();
-    if let Some(cap) = capacity {
-        let mut per_expert: Vec<Vec<usize>> = vec![vec![]; e];
-        for (i, a) in assignments.iter().enumerate() {
-            per_expert[a.expert].push(i);
-        }
-        for list in &mut per_expert {
-            if list.len() <= cap {
-                continue;
-            }
-            if cfg.policy == DropPolicy::Score {
-                list.sort_by(|&a, &b| {
-                    let (x, y) = (&assignments[a], &assignments[b]);
-                    y.prob.total_cmp(&x.prob).then(x.token.cmp(&y.token))
-                });
-            }
-            for &i in &list[cap..] {
-                assignments[i].kept = false;
-            }
-        }
-    }
-    Routing {
-        probs,
-        assignments,
-        capacity,
     }
 }
 
-/// Routing statistics of one call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RoutingStats {
-    /// Assignments routed to each expert before capacity.
-    pub routed: Vec<usize>,
-    /// Assignments each expert kept.
-    pub kept: Vec<usize>,
-    pub dropped: usize,
-    /// dropped / (tokens · k).
-    pub drop_rate: f64,
-    /// max / mean of `routed`.
-    pub imbalance: f64,
-    /// Share of all routed assignments taken by the busiest ⌈20%⌉ of experts (claim C14).
-    pub top20_share: f64,
-    /// Switch Transformer's balance loss without α: N · Σ_i f_i · P_i, f_i the fraction of
-    /// assignments routed to expert i, P_i its mean router probability; 1 when balanced.
-    pub balance_loss: f64,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Capacity, Priority};
 
-impl Routing {
-    /// Statistics of these decisions.
-    pub fn stats(&self, experts: usize) -> RoutingStats {
-        let total = self.assignments.len();
-        let mut routed = vec![0usize; experts];
-        let mut kept = vec![0usize; experts];
-        for a in &self.assignments {
-            routed[a.expert] += 1;
-            kept[a.expert] += a.kept as usize;
+    /// Two tokens, three experts; token 0 prefers expert 0 then 1, token 1 prefers 0 then 2.
+    fn probs() -> Vec<f64> {
+        vec![0.6, 0.3, 0.1, 0.5, 0.1, 0.4]
+    }
+
+    fn layer(norm: WeightNorm, capacity: Capacity) -> MoeConfig {
+        MoeConfig::token_choice(2, 1, 1, 3, 2, Priority::RankMajor, norm, capacity)
+    }
+
+    #[test]
+    fn weights_follow_each_rule() {
+        // Capacity 1: expert 0 keeps token 0's first choice; token 1 loses its first (0) and
+        // keeps its second (2).
+        let c = layer(WeightNorm::Raw, Capacity::Factor(0.5));
+        assert_eq!(c.capacity_slots(), Some(1));
+        let r = select(&c, probs());
+        let kept: Vec<bool> = r.assignments.iter().map(|a| a.kept).collect();
+        assert_eq!(kept, vec![true, true, false, true]);
+        let w = |n| {
+            select(&MoeConfig { norm: n, ..c }, probs())
+                .assignments
+                .iter()
+                .map(|a| a.weight)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(w(WeightNorm::Raw), vec![0.6, 0.3, 0.5, 0.4]);
+        let r = w(WeightNorm::Renormalize);
+        for (a, b) in r.iter().zip([0.6 / 0.9, 0.3 / 0.9, 0.5 / 0.9, 0.4 / 0.9]) {
+            assert!((a - b).abs() < 1e-15);
         }
-        let dropped = total - kept.iter().sum::<usize>();
-        let mean = total as f64 / experts as f64;
-        let mut sorted = routed.clone();
-        sorted.sort_unstable_by(|a, b| b.cmp(a));
-        let busiest = experts.div_ceil(5);
-        let tokens = self.probs.len() / experts;
-        let mean_prob =
-            |i: usize| self.probs.iter().skip(i).step_by(experts).sum::<f64>() / tokens as f64;
-        let balance_loss = experts as f64
-            * (0..experts)
-                .map(|i| routed[i] as f64 / total as f64 * mean_prob(i))
-                .sum::<f64>();
-        RoutingStats {
-            drop_rate: dropped as f64 / total as f64,
-            imbalance: sorted[0] as f64 / mean,
-            top20_share: sorted[..busiest].iter().sum::<usize>() as f64 / total as f64,
-            balance_loss,
-            routed,
-            kept,
-            dropped,
+        // DeepSpeed: token 1's surviving choice takes the whole weight.
+        let r = w(WeightNorm::RenormalizeKept);
+        for (a, b) in r.iter().zip([0.6 / 0.9, 0.3 / 0.9, 0.0, 1.0]) {
+            assert!((a - b).abs() < 1e-15);
         }
+    }
+
+    #[test]
+    fn malformed_routings_are_refused() {
+        let c = layer(WeightNorm::Raw, Capacity::Dropless);
+        let mut r = select(&c, probs());
+        assert!(r.check(&c).is_ok());
+        r.starts[1] = 3;
+        assert!(r.check(&c).is_err());
+        let mut r = select(&c, probs());
+        r.assignments[0].expert = 7;
+        assert!(r.check(&c).unwrap_err().to_string().contains("3 experts"));
+        let other = MoeConfig { tokens: 3, ..c };
+        assert!(select(&c, probs()).check(&other).is_err());
     }
 }

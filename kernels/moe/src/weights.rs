@@ -53,6 +53,18 @@ impl MoeWeights {
         }
     }
 
+    /// The expert weights rounded to `dtype` (router and bias unchanged): what `cuda_grouped`
+    /// multiplies, and so what its f64 reference must see.
+    pub fn rounded(&self, dtype: DType) -> MoeWeights {
+        let round = |v: &[f32]| kernel_common::Buffer::from_f32(dtype, v).to_f32();
+        MoeWeights {
+            w_gate: round(&self.w_gate),
+            w_up: round(&self.w_up),
+            w_down: round(&self.w_down),
+            ..self.clone()
+        }
+    }
+
     /// Checks the sizes against `cfg`.
     pub fn check(&self, cfg: &MoeConfig) -> kernel_common::error::Result<()> {
         let (d, f, e) = (cfg.d_model, cfg.d_ff, cfg.experts);

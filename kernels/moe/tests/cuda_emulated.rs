@@ -17,37 +17,30 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
     let Some(m) = module(&moe_kernels::cuda::SOURCE) else {
         return;
     };
+    use moe_kernels::cuda::capacity_policy_code;
     use moe_kernels::cuda::{plan_route, slots_per_expert};
-    use moe_kernels::{route_reference, select, Capacity, DropPolicy, MoeConfig, MoeWeights};
-    let base = MoeConfig {
-        tokens: 97,
-        d_model: 54,
-        d_ff: 8,
-        experts: 40,
-        top_k: 2,
-        norm: moe_kernels::WeightNorm::Renormalize,
-        capacity: Capacity::Factor(1.0),
-        policy: DropPolicy::TokenOrder,
+    use moe_kernels::WeightNorm::{Raw, Renormalize};
+    use moe_kernels::{route_reference, select, Capacity, MoeConfig, MoeWeights, Priority};
+    let layer = |experts, top_k, policy, norm, capacity| {
+        MoeConfig::token_choice(97, 54, 8, experts, top_k, policy, norm, capacity)
     };
     let configs = [
-        base,
-        MoeConfig {
-            policy: DropPolicy::Score,
-            capacity: Capacity::Factor(0.5),
-            ..base
-        },
-        MoeConfig {
-            top_k: 8,
-            experts: 8,
-            capacity: Capacity::Dropless,
-            norm: moe_kernels::WeightNorm::Raw,
-            ..base
-        },
+        layer(
+            40,
+            2,
+            Priority::TokenOrder,
+            Renormalize,
+            Capacity::Factor(1.0),
+        ),
+        layer(40, 2, Priority::Score, Renormalize, Capacity::Factor(0.5)),
+        layer(8, 8, Priority::TokenOrder, Raw, Capacity::Dropless),
+        // Skewed 8 experts, top-2, tight: rank-major order differs from token order here.
+        layer(8, 2, Priority::RankMajor, Raw, Capacity::Factor(0.6)),
     ];
     for (ci, c) in configs.iter().enumerate() {
         let w = MoeWeights::random(c, 1.0, ci as u64);
         let x = normal_f32(&mut rng(ci as u64 ^ 9), c.tokens * c.d_model, 1.0);
-        let (t, k, e) = (c.tokens, c.top_k, c.experts);
+        let (t, k, e) = (c.tokens, c.top_k().unwrap(), c.experts);
         let (xb, gb, bb) = (f32_bytes(&x), f32_bytes(&w.router), f32_bytes(&w.bias));
         let mut probs = f32_bytes(&vec![f32::NAN; t * e]);
         let mut ex = i32_bytes(&vec![-1; t * k]);
@@ -69,7 +62,7 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
                 i(c.d_model),
                 i(e),
                 i(k),
-                Arg::I32((c.norm == moe_kernels::WeightNorm::Renormalize) as i32),
+                Arg::I32((c.norm == Renormalize) as i32),
             ],
         )
         .unwrap();
@@ -77,6 +70,23 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
         let exact = route_reference(c, &x, &w.router, &w.bias).unwrap();
         assert_close("router probs", &probs, &exact.probs, tolerance(DType::F32));
         let cpu = select(c, probs.iter().map(|&p| p as f64).collect());
+        if c.policy() == Some(Priority::RankMajor) {
+            let token_major = MoeConfig {
+                choice: moe_kernels::Choice::Tokens {
+                    top_k: k,
+                    policy: Priority::TokenOrder,
+                },
+                ..*c
+            };
+            let order = select(&token_major, probs.iter().map(|&p| p as f64).collect());
+            let kept =
+                |r: &moe_kernels::Routing| r.assignments.iter().map(|a| a.kept).collect::<Vec<_>>();
+            assert_ne!(
+                kept(&cpu),
+                kept(&order),
+                "the case must tell gshard from order"
+            );
+        }
         let experts = i32_from_bytes(&ex);
         for (a, &got) in cpu.assignments.iter().zip(&experts) {
             assert_eq!(a.expert as i32, got, "config {ci}: top-k choice");
@@ -98,7 +108,7 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
                 i(n),
                 i(k),
                 i(cap),
-                Arg::I32((c.policy == DropPolicy::Score) as i32),
+                Arg::I32(capacity_policy_code(c.policy().unwrap()).unwrap()),
             ],
         )
         .unwrap();
@@ -175,5 +185,142 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
             &want,
             tolerance(dt).scaled_to(&want),
         );
+    }
+}
+
+/// `cuda_grouped` (gate+up, down, combine) on the emulator against the f64 experts of the same
+/// decisions, x and weights rounded to the storage type as the variant rounds them: every
+/// routing convention, odd widths (element loads) and multiples of 8 (16-byte loads), experts
+/// spanning several row tiles, K over several 32-deep steps, experts with no tokens.
+#[test]
+fn grouped_expert_gemms_match_the_f64_reference() {
+    let Some(m) = module(&moe_kernels::cuda::experts::SOURCE) else {
+        return;
+    };
+    use moe_kernels::cuda::experts::{plan_grouped, plan_launches};
+    use moe_kernels::reference::experts_reference;
+    use moe_kernels::{route, Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
+    let tc = |tokens, d, f, experts, k, policy, norm, cf| {
+        MoeConfig::token_choice(tokens, d, f, experts, k, policy, norm, Capacity::Factor(cf))
+    };
+    let configs = [
+        tc(
+            97,
+            54,
+            77,
+            6,
+            2,
+            Priority::RankMajor,
+            WeightNorm::RenormalizeKept,
+            1.0,
+        ),
+        tc(
+            150,
+            64,
+            128,
+            4,
+            2,
+            Priority::Reroute,
+            WeightNorm::Renormalize,
+            0.8,
+        ),
+        tc(40, 16, 40, 8, 1, Priority::Score, WeightNorm::Raw, 2.0),
+        MoeConfig {
+            choice: Choice::Experts,
+            norm: WeightNorm::Raw,
+            ..tc(70, 33, 24, 5, 1, Priority::Score, WeightNorm::Raw, 1.5)
+        },
+    ];
+    for (ci, c) in configs.iter().enumerate() {
+        let w = MoeWeights::random(c, 1.5, 40 + ci as u64);
+        let x = normal_f32(&mut rng(ci as u64 ^ 0x77), c.tokens * c.d_model, 1.0);
+        let routing = route(c, &x, &w.router, &w.bias).unwrap();
+        let plan = plan_grouped(c, &routing).unwrap();
+        let [up, down, combine] = plan_launches(c, &plan).unwrap();
+        let (d, f) = (c.d_model, c.d_ff);
+        for dt in [DType::F16, DType::BF16] {
+            let xr = Buffer::from_f32(dt, &x).to_f32();
+            let all: Vec<usize> = (0..c.tokens).collect();
+            let want = experts_reference(c, &w.rounded(dt), &xr, &routing, &all);
+            let transposed = |m: &[f32], rows: usize, cols: usize| {
+                let mut t = vec![0.0f32; m.len()];
+                for e in 0..c.experts {
+                    for r in 0..rows {
+                        for k in 0..cols {
+                            t[e * rows * cols + k * rows + r] = m[e * rows * cols + r * cols + k];
+                        }
+                    }
+                }
+                buffer_bytes(&Buffer::from_f32(dt, &t))
+            };
+            let (wg, wu, wd) = (
+                transposed(&w.w_gate, d, f),
+                transposed(&w.w_up, d, f),
+                transposed(&w.w_down, f, d),
+            );
+            let padded = plan.rows.len();
+            let i = |v: usize| Arg::I32(v as i32);
+            let mut h = nan_bytes(dt, padded * f);
+            let suffix = if dt == DType::F16 { "f16" } else { "bf16" };
+            m.launch(
+                &format!("moe_up_{suffix}"),
+                up.unwrap(),
+                &mut [
+                    Arg::In(&buffer_bytes(&Buffer::from_f32(dt, &x))),
+                    Arg::In(&wg),
+                    Arg::In(&wu),
+                    Arg::In(&i32_bytes(&plan.rows)),
+                    Arg::In(&i32_bytes(&plan.tile_expert)),
+                    Arg::Out(&mut h),
+                    i(d),
+                    i(f),
+                ],
+            )
+            .unwrap();
+            let mut y = f32_bytes(&vec![f32::NAN; padded * d]);
+            m.launch(
+                &format!("moe_down_{suffix}"),
+                down.unwrap(),
+                &mut [
+                    Arg::In(&h),
+                    Arg::In(&wd),
+                    Arg::In(&i32_bytes(&plan.tile_expert)),
+                    Arg::Out(&mut y),
+                    i(d),
+                    i(f),
+                ],
+            )
+            .unwrap();
+            let mut out = nan_bytes(dt, c.tokens * d);
+            m.launch(
+                &format!("moe_combine_rows_{suffix}"),
+                combine.unwrap(),
+                &mut [
+                    Arg::In(&y),
+                    Arg::In(&i32_bytes(&plan.token_starts)),
+                    Arg::In(&i32_bytes(&plan.token_rows)),
+                    Arg::In(&f32_bytes(&plan.token_weights)),
+                    Arg::Out(&mut out),
+                    i(d),
+                ],
+            )
+            .unwrap();
+            assert_close(
+                &format!("config {ci} ({}) {dt}", c.label()),
+                &buffer_from_bytes(dt, &out).to_f32(),
+                &want,
+                tolerance(dt).scaled_to(&want),
+            );
+        }
+        let stats = routing.stats(c.experts);
+        if ci == 1 {
+            assert!(stats.rerouted > 0, "config 1 must reroute: {stats:?}");
+        }
+        if ci == 3 {
+            assert!(
+                stats.unserved_tokens > 0 && stats.multi_served_tokens > 0,
+                "{stats:?}"
+            );
+        }
     }
 }

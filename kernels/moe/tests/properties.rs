@@ -1,16 +1,19 @@
-//! Property tests of the MoE family: capacity is never exceeded and kept + dropped = tokens·k;
-//! renormalised weights sum to 1; dropless equals the dense weighted mixture computed directly;
-//! with drop-by-score, permuting the tokens permutes the output; both expert variants match the
-//! f64 reference on NaN-poisoned outputs; the f32 router makes the f64 router's decisions; and
-//! the edge cases (every token on one expert, capacity 1, more experts than tokens,
-//! k = experts).
+//! Property tests of the MoE family: capacity is never exceeded and kept + dropped = the
+//! assignments; an expert drops only when full; `gshard` keeps every first choice an expert
+//! can hold before any second choice; `reroute` drops only when every expert its token does
+//! not hold is full; renormalised weights sum to 1 (over the top-k, or over the kept choices);
+//! expert choice fills every expert exactly; dropless equals the dense weighted mixture
+//! computed directly; with drop-by-score, permuting the tokens permutes the output; both
+//! expert variants match the f64 reference on NaN-poisoned outputs under every convention; the
+//! f32 router makes the f64 router's decisions; and the edge cases (every token on one
+//! expert, capacity 1, more experts than tokens, k = experts).
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
 use moe_kernels::reference::experts_reference;
 use moe_kernels::{
-    experts_forward, route, route_reference, Capacity, DropPolicy, ExpertVariant, MoeConfig,
-    MoeWeights, Routing, WeightNorm,
+    experts_forward, route, route_reference, Capacity, Choice, ExpertVariant, MoeConfig,
+    MoeWeights, Priority, Routing, WeightNorm,
 };
 use proptest::prelude::*;
 
@@ -23,18 +26,11 @@ fn cfg(
     top_k: usize,
     norm: WeightNorm,
     capacity: Capacity,
-    policy: DropPolicy,
+    policy: Priority,
 ) -> MoeConfig {
-    MoeConfig {
-        tokens,
-        d_model,
-        d_ff,
-        experts,
-        top_k,
-        norm,
-        capacity,
-        policy,
-    }
+    MoeConfig::token_choice(
+        tokens, d_model, d_ff, experts, top_k, policy, norm, capacity,
+    )
 }
 
 /// Both variants against the f64 reference for the same routing.
@@ -66,37 +62,94 @@ proptest! {
     #[test]
     fn routing_invariants_and_variants_match_the_reference(
         tokens in 1usize..200, d_model in 1usize..40, d_ff in 1usize..50,
-        experts in 2usize..65, k_raw in 1usize..5, renorm in any::<bool>(),
-        capacity in capacity_strategy(), by_score in any::<bool>(), skew in 0.0f64..2.0,
-        seed in any::<u64>(),
+        experts in 2usize..65, k_raw in 1usize..5, norm_i in 0usize..3,
+        capacity in capacity_strategy(), policy_i in 0usize..4, skew in 0.0f64..2.0,
+        min_capacity in 0usize..6, seed in any::<u64>(),
     ) {
         let k = k_raw.min(experts);
-        let norm = if renorm { WeightNorm::Renormalize } else { WeightNorm::Raw };
-        let policy = if by_score { DropPolicy::Score } else { DropPolicy::TokenOrder };
-        let c = cfg(tokens, d_model, d_ff, experts, k, norm, capacity, policy);
+        let norm = WeightNorm::ALL[norm_i];
+        let policy = Priority::ALL[policy_i];
+        let c = MoeConfig { min_capacity, ..cfg(tokens, d_model, d_ff, experts, k, norm, capacity, policy) };
         let w = MoeWeights::random(&c, skew, seed);
         let x = normal_f32(&mut rng(seed ^ 7), tokens * d_model, 1.0);
         let r = route(&c, &x, &w.router, &w.bias).unwrap();
         let stats = r.stats(experts);
         prop_assert_eq!(stats.kept.iter().sum::<usize>() + stats.dropped, tokens * k);
+        if policy != Priority::Reroute {
+            prop_assert_eq!(stats.rerouted, 0);
+        }
         if let Some(cap) = c.capacity_slots() {
+            prop_assert!(cap >= min_capacity.max(1));
             prop_assert!(stats.kept.iter().all(|&n| n <= cap), "{:?} cap {}", stats.kept, cap);
             // An expert drops only when full.
-            for e in 0..experts {
-                prop_assert!(stats.routed[e] <= cap || stats.kept[e] == cap);
+            for a in r.assignments.iter().filter(|a| !a.kept) {
+                prop_assert_eq!(stats.kept[a.chosen], cap);
+            }
+            if policy == Priority::RankMajor {
+                // A kept choice of rank r to an expert means no choice of lower rank to it
+                // was dropped.
+                for a in r.assignments.iter().filter(|a| !a.kept) {
+                    prop_assert!(!r.assignments.iter().any(|b| b.kept && b.expert == a.expert && b.rank > a.rank));
+                }
+            }
+            if policy == Priority::Reroute {
+                for a in r.assignments.iter().filter(|a| !a.kept) {
+                    let held: Vec<usize> = r.of_token(a.token).iter().filter(|b| b.kept).map(|b| b.expert).collect();
+                    for e in (0..experts).filter(|e| !held.contains(e)) {
+                        prop_assert_eq!(stats.kept[e], cap, "a dropped assignment while expert {} has room", e);
+                    }
+                }
             }
         } else {
             prop_assert_eq!(stats.dropped, 0);
         }
         for t in 0..tokens {
-            let chosen = &r.assignments[t * k..(t + 1) * k];
-            let mut experts_of: Vec<usize> = chosen.iter().map(|a| a.expert).collect();
+            let chosen = r.of_token(t);
+            let mut experts_of: Vec<usize> = chosen.iter().filter(|a| a.kept).map(|a| a.expert).collect();
+            experts_of.sort_unstable();
             experts_of.dedup();
-            prop_assert_eq!(experts_of.len(), k, "distinct experts per token");
-            if renorm {
-                let s: f64 = chosen.iter().map(|a| a.weight).sum();
-                prop_assert!((s - 1.0).abs() < 1e-9, "weights sum to {}", s);
+            prop_assert_eq!(experts_of.len(), chosen.iter().filter(|a| a.kept).count(), "distinct experts per token");
+            let sum = |f: &dyn Fn(&&moe_kernels::Assignment) -> bool| chosen.iter().filter(f).map(|a| a.weight).sum::<f64>();
+            match norm {
+                WeightNorm::Renormalize => prop_assert!((sum(&|_| true) - 1.0).abs() < 1e-9),
+                WeightNorm::RenormalizeKept if chosen.iter().any(|a| a.kept) => {
+                    prop_assert!((sum(&|a| a.kept) - 1.0).abs() < 1e-9)
+                }
+                _ => {}
             }
+        }
+        check_variants(&c, &w, &x, &r);
+    }
+
+    #[test]
+    fn expert_choice_fills_every_expert(
+        tokens in 1usize..200, d_model in 1usize..30, d_ff in 1usize..30,
+        experts in 1usize..40, factor in 0.05f64..4.0, kept_norm in any::<bool>(),
+        min_capacity in 0usize..4, skew in 0.0f64..2.0, seed in any::<u64>(),
+    ) {
+        let norm = if kept_norm { WeightNorm::RenormalizeKept } else { WeightNorm::Raw };
+        let c = MoeConfig {
+            tokens, d_model, d_ff, experts, choice: Choice::Experts, norm,
+            capacity: Capacity::Factor(factor), min_capacity,
+        };
+        prop_assume!(c.validate().is_ok());
+        let slots = c.capacity_slots().unwrap();
+        prop_assert_eq!(slots, ((tokens as f64 * factor / experts as f64).floor() as usize).max(min_capacity).min(tokens));
+        let w = MoeWeights::random(&c, skew, seed);
+        let x = normal_f32(&mut rng(seed ^ 5), tokens * d_model, 1.0);
+        let r = route(&c, &x, &w.router, &w.bias).unwrap();
+        let s = r.stats(experts);
+        prop_assert!(s.kept.iter().all(|&n| n == slots));
+        prop_assert_eq!(s.dropped, 0);
+        prop_assert_eq!(s.assignments, experts * slots);
+        let served = (0..tokens).filter(|&t| !r.of_token(t).is_empty()).count();
+        prop_assert_eq!(s.unserved_tokens, tokens - served);
+        // Each expert's tokens are its best: none it left out scores higher.
+        for e in 0..experts {
+            let p = |t: usize| r.probs[t * experts + e];
+            let mine: Vec<usize> = r.assignments.iter().filter(|a| a.expert == e).map(|a| a.token).collect();
+            let worst_in = mine.iter().map(|&t| p(t)).fold(f64::INFINITY, f64::min);
+            prop_assert!((0..tokens).filter(|t| !mine.contains(t)).all(|t| p(t) <= worst_in));
         }
         check_variants(&c, &w, &x, &r);
     }
@@ -107,7 +160,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let k = k_raw.min(experts);
-        let c = cfg(tokens, d_model, 8, experts, k, WeightNorm::Renormalize, Capacity::Factor(1.0), DropPolicy::Score);
+        let c = cfg(tokens, d_model, 8, experts, k, WeightNorm::Renormalize, Capacity::Factor(1.0), Priority::Score);
         let w = MoeWeights::random(&c, 0.5, seed);
         let x = normal_f32(&mut rng(seed), tokens * d_model, 1.0);
         let (a, b) = (route(&c, &x, &w.router, &w.bias).unwrap(), route_reference(&c, &x, &w.router, &w.bias).unwrap());
@@ -147,7 +200,7 @@ fn dropless_is_the_dense_weighted_mixture() {
         2,
         WeightNorm::Renormalize,
         Capacity::Dropless,
-        DropPolicy::Score,
+        Priority::Score,
     );
     let w = MoeWeights::random(&c, 0.3, 11);
     let x = normal_f32(&mut rng(12), c.tokens * c.d_model, 1.0);
@@ -212,7 +265,7 @@ fn permuting_tokens_permutes_the_output_under_score_drops() {
         2,
         WeightNorm::Renormalize,
         Capacity::Factor(0.7),
-        DropPolicy::Score,
+        Priority::Score,
     );
     let w = MoeWeights::random(&c, 1.0, 3);
     let x = normal_f32(&mut rng(4), c.tokens * c.d_model, 1.0);
@@ -243,7 +296,10 @@ fn permuting_tokens_permutes_the_output_under_score_drops() {
     }
     // By token order the same permutation changes which tokens are dropped.
     let c2 = MoeConfig {
-        policy: DropPolicy::TokenOrder,
+        choice: Choice::Tokens {
+            top_k: 2,
+            policy: Priority::TokenOrder,
+        },
         ..c
     };
     let (a, b) = (
@@ -275,7 +331,7 @@ fn edge_cases() {
         1,
         WeightNorm::Raw,
         Capacity::Factor(1.0),
-        DropPolicy::TokenOrder,
+        Priority::TokenOrder,
     );
     let mut w = MoeWeights::random(&c, 0.0, 1);
     w.bias = vec![0.0, 0.0, 0.0, 60.0];
@@ -303,7 +359,7 @@ fn edge_cases() {
         2,
         WeightNorm::Renormalize,
         Capacity::Factor(0.01),
-        DropPolicy::Score,
+        Priority::Score,
     );
     assert_eq!(c.capacity_slots(), Some(1));
     let w = MoeWeights::random(&c, 0.5, 3);
@@ -321,7 +377,7 @@ fn edge_cases() {
             k,
             WeightNorm::Renormalize,
             Capacity::Factor(1.25),
-            DropPolicy::Score,
+            Priority::Score,
         );
         let w = MoeWeights::random(&c, 1.0, 5);
         let xs = x(&c, 6);
@@ -337,7 +393,7 @@ fn edge_cases() {
         5,
         WeightNorm::Renormalize,
         Capacity::Dropless,
-        DropPolicy::Score,
+        Priority::Score,
     );
     let w = MoeWeights::random(&c, 1.0, 5);
     let r = route(&c, &x(&c, 6), &w.router, &w.bias).unwrap();
@@ -354,7 +410,7 @@ fn bad_inputs_are_errors() {
         2,
         WeightNorm::Raw,
         Capacity::Factor(1.0),
-        DropPolicy::Score,
+        Priority::Score,
     );
     let w = MoeWeights::random(&c, 0.0, 1);
     let x = vec![0.5f32; 12];

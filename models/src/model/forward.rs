@@ -10,7 +10,7 @@ use crate::model::kv::KvPools;
 use crate::model::llama::{product_for, AttentionChoice, Expert, Ffn, Llama, Result};
 use attention_kernels::{AttentionInputs, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
-use moe_kernels::{route, DropPolicy, MoeConfig, WeightNorm};
+use moe_kernels::{route, MoeConfig, Priority, WeightNorm};
 use paged_kernels::{paged_decode, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
 use quant_kernels::{MatVecVariant, Prepared};
 use spec_kernels::{tree_attention, DraftTree, TreeAttnShape, TreeContext};
@@ -410,16 +410,16 @@ impl Llama {
     fn moe(&self, router: &[f32], experts: &[Expert], x: &[f32], n: usize) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let spec = cfg.moe.expect("an MoE layer has a spec");
-        let mcfg = MoeConfig {
-            tokens: n,
-            d_model: cfg.d_model,
-            d_ff: cfg.d_ff,
-            experts: spec.experts,
-            top_k: spec.top_k,
-            norm: WeightNorm::Renormalize,
-            capacity: spec.capacity,
-            policy: DropPolicy::TokenOrder,
-        };
+        let mcfg = MoeConfig::token_choice(
+            n,
+            cfg.d_model,
+            cfg.d_ff,
+            spec.experts,
+            spec.top_k,
+            Priority::TokenOrder,
+            WeightNorm::Renormalize,
+            spec.capacity,
+        );
         let routing = route(&mcfg, x, router, &vec![0.0; spec.experts])?;
         let d = cfg.d_model;
         let mut out = vec![0.0f32; n * d];

@@ -1,425 +1,305 @@
-//! `harness exp` for the moe family: for each (experts, top_k, skew, sizes), one seeded layer
-//! and one batch of tokens; the dropless routing's f64 output on 64 sampled tokens is the
-//! yardstick. Then for each capacity, policy and weight rule: the f32 router's decisions and
-//! their statistics (drops, imbalance, the busiest 20%'s share, balance loss), each expert
-//! variant checked on NaN-poisoned output against the f64 reference of the same decisions,
-//! the output's distance from the dropless layer, and the whole layer (router + experts) timed
-//! with caches flushed.
+//! `harness exp` for the moe family: for each layer (experts, sizes, router skew) one seeded
+//! set of weights and one batch of tokens; then for each routing convention of the grid
+//! (`grid.rs`: who chooses, top-k, priority policy, weight rule, capacity, floor) the f32
+//! router's decisions and their statistics (drops, reroutes, unserved and multiply served
+//! tokens, imbalance, the busiest 20%'s share, balance loss), each expert variant checked
+//! on NaN-poisoned output against the f64 reference of the same decisions (64 sampled
+//! tokens), the whole output's distance from the same convention without a capacity limit
+//! (every token; the yardstick computed by the grouped f32 variant, whose own ~1e-7 error
+//! is far below what this measures), and the call timed: on the CPU the whole layer (router + experts) with caches flushed, on CUDA
+//! (`cuda_grouped`) the expert kernels alone with CUDA events, routing decided on the host.
 
+use super::cols::{MoeCols, MoeRow};
+use super::grid::{dropless, Layer, MoeGrid};
 use crate::error::{HarnessError, Result};
-use crate::measure::{time_reps, CacheFlusher};
-use crate::provenance::Provenance;
-use crate::render::{fmt_err, fmt_opt};
-use crate::render::{report, Rendered};
+use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, spread, ExpRequest, GridValues, RunFiles};
-use crate::spec::ExperimentSpec;
+use crate::run_files::{progress_bar, spread, ExpRequest, RunFiles};
+use crate::spec::parse_set;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
-use kernel_common::{tolerance, DType, ErrorStats, KernelError};
+use kernel_common::{tolerance, Buffer, DType, ErrorStats, KernelError};
+use moe_kernels::cuda::experts::DeviceExperts;
 use moe_kernels::reference::experts_reference;
 use moe_kernels::{
-    experts_forward, parse_capacity, route, Capacity, DropPolicy, MoeConfig, MoeWeights, WeightNorm,
+    experts_forward, route, Capacity, ExpertVariant, MoeConfig, MoeWeights, Routing, RoutingStats,
 };
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::path::Path;
+use std::collections::hash_map::{Entry, HashMap};
 
-/// One variant at one grid point. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct MoeCols {
-    /// `e8 k2` (the plots' panels)
-    pub config: String,
-    pub tokens: usize,
-    pub d_model: usize,
-    pub d_ff: usize,
-    pub experts: usize,
-    pub top_k: usize,
-    /// A factor or `dropless`.
-    pub capacity: String,
-    /// The factor (empty when dropless).
-    pub capacity_factor: Option<f64>,
-    pub capacity_slots: Option<usize>,
-    pub skew: f64,
-    pub policy: String,
-    pub norm: String,
-    /// Useful FLOPs of the call (router + kept assignments' SwiGLU) / median.
-    pub gflops: Option<f64>,
-    pub flops: u64,
-    pub dropped: usize,
-    pub drop_rate: f64,
-    /// Busiest expert's routed load / mean load.
-    pub imbalance: f64,
-    /// Share of routed assignments taken by the busiest ⌈20%⌉ of experts (C14).
-    pub top20_share: f64,
-    /// Switch's N·Σ f_i·P_i (1 when balanced).
-    pub balance_loss: f64,
-    /// Relative L2 distance of the sampled tokens' output from the dropless layer's (f64).
-    pub out_rel_err_vs_dropless: Option<f64>,
-    /// Against the f64 reference of the same routing (the correctness check).
-    pub rel_l2_err: Option<f64>,
-    pub max_abs_err: Option<f64>,
-    pub checked_tokens: usize,
-    /// Parameters one token touches (router + k experts) and the layer holds (C15).
-    pub active_params: u64,
-    pub total_params: u64,
-    pub active_ratio: f64,
-}
+pub use super::report::render;
 
-/// A row: the shared head, these columns, the note.
-pub type MoeRow = Row<MoeCols>;
-
-fn usage(e: impl std::fmt::Display) -> HarnessError {
-    HarnessError::Usage(e.to_string())
-}
-
-/// The parsed grid.
-struct MoeGrid {
-    capacities: Vec<Capacity>,
-    skews: Vec<f64>,
-    top_ks: Vec<usize>,
-    experts: Vec<usize>,
-    tokens: Vec<usize>,
-    d_models: Vec<usize>,
-    d_ffs: Vec<usize>,
-    policies: Vec<DropPolicy>,
-    norms: Vec<WeightNorm>,
-}
-
-fn policy_name(p: DropPolicy) -> &'static str {
-    match p {
-        DropPolicy::Score => "score",
-        DropPolicy::TokenOrder => "order",
-    }
-}
-
-fn norm_name(n: WeightNorm) -> &'static str {
-    match n {
-        WeightNorm::Renormalize => "renormalize",
-        WeightNorm::Raw => "raw",
-    }
-}
-
-impl MoeGrid {
-    fn parse(grid: &BTreeMap<String, Vec<String>>) -> Result<MoeGrid> {
-        let g = GridValues(grid);
-        let list = |key: &str, default: &str| g.strings(key, &[default]);
-        let positive = |key: &str, default: &str| g.counts(key, &[default]);
-        Ok(MoeGrid {
-            capacities: list("capacity", "1.25")
-                .iter()
-                .map(|c| parse_capacity(c).map_err(usage))
-                .collect::<Result<_>>()?,
-            skews: list("skew", "0")
-                .iter()
-                .map(|v| match v.parse::<f64>() {
-                    Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
-                    _ => Err(HarnessError::Usage(format!(
-                        "skew '{v}' is not a number >= 0"
-                    ))),
-                })
-                .collect::<Result<_>>()?,
-            top_ks: positive("top_k", "2")?,
-            experts: positive("experts", "8")?,
-            tokens: positive("tokens", "1024")?,
-            d_models: positive("d_model", "512")?,
-            d_ffs: positive("d_ff", "1024")?,
-            policies: list("policy", "score")
-                .iter()
-                .map(|p| match p.as_str() {
-                    "score" => Ok(DropPolicy::Score),
-                    "order" => Ok(DropPolicy::TokenOrder),
-                    o => Err(HarnessError::Usage(format!(
-                        "policy '{o}' is not score or order"
-                    ))),
-                })
-                .collect::<Result<_>>()?,
-            norms: list("norm", "renormalize")
-                .iter()
-                .map(|n| match n.as_str() {
-                    "renormalize" => Ok(WeightNorm::Renormalize),
-                    "raw" => Ok(WeightNorm::Raw),
-                    o => Err(HarnessError::Usage(format!(
-                        "norm '{o}' is not renormalize or raw"
-                    ))),
-                })
-                .collect::<Result<_>>()?,
-        })
-    }
-
-    /// Every layer shape of the grid (capacity, policy and norm vary inside), validated.
-    fn shapes(&self) -> Result<Vec<MoeConfig>> {
-        let mut out = vec![];
-        for &experts in &self.experts {
-            for &top_k in &self.top_ks {
-                for &tokens in &self.tokens {
-                    for &d_model in &self.d_models {
-                        for &d_ff in &self.d_ffs {
-                            let c = MoeConfig {
-                                tokens,
-                                d_model,
-                                d_ff,
-                                experts,
-                                top_k,
-                                norm: WeightNorm::Renormalize,
-                                capacity: Capacity::Dropless,
-                                policy: DropPolicy::Score,
-                            };
-                            c.validate().map_err(usage)?;
-                            for cap in &self.capacities {
-                                MoeConfig {
-                                    capacity: *cap,
-                                    ..c
-                                }
-                                .validate()
-                                .map_err(usage)?;
-                            }
-                            out.push(c);
-                        }
-                    }
-                }
-            }
+/// `--set top_k=...` with only expert-choice routing asked for: a k that nothing would use.
+fn refuse_k_for_expert_choice(req: &ExpRequest) -> Result<()> {
+    let only_expert_choice = req
+        .grid
+        .get("routing")
+        .is_some_and(|r| r.iter().all(|v| v == "expert_choice"));
+    for set in &req.opts.sets {
+        if parse_set(set)?.0 == "top_k" && only_expert_choice {
+            return Err(HarnessError::Usage(
+                "routing=expert_choice takes no top_k (each expert picks its tokens; capacity \
+                 sets how many)"
+                    .into(),
+            ));
         }
-        Ok(out)
+    }
+    Ok(())
+}
+
+/// What every variant at one convention shares.
+struct Point<'a> {
+    cfg: MoeConfig,
+    w: &'a MoeWeights,
+    x: &'a [f32],
+    routing: Routing,
+    stats: RoutingStats,
+    sampled: &'a [usize],
+    /// f64 outputs of the sampled tokens under this routing.
+    want: Vec<f64>,
+    /// Every token's output without a capacity limit.
+    yardstick: &'a [f64],
+}
+
+impl Point<'_> {
+    /// The columns of a row of this point for storage `dtype`, timing `flops`.
+    fn cols(&self, layer: &Layer, dtype: DType, flops: u64) -> MoeCols {
+        let (cfg, s) = (&self.cfg, &self.stats);
+        let router_params = (cfg.d_model * cfg.experts) as u64;
+        let per_token = cfg.top_k().map_or(s.experts_per_token, |k| k as f64);
+        let active = router_params + (per_token * cfg.expert_params() as f64) as u64;
+        let total = router_params + (cfg.experts * cfg.expert_params()) as u64;
+        MoeCols {
+            config: match cfg.top_k() {
+                Some(k) => format!("e{} k{k}", cfg.experts),
+                None => format!("e{} ec", cfg.experts),
+            },
+            tokens: cfg.tokens,
+            d_model: cfg.d_model,
+            d_ff: cfg.d_ff,
+            experts: cfg.experts,
+            top_k: cfg.top_k(),
+            capacity: match cfg.capacity {
+                Capacity::Dropless => "dropless".into(),
+                Capacity::Factor(f) => f.to_string(),
+            },
+            capacity_factor: match cfg.capacity {
+                Capacity::Dropless => None,
+                Capacity::Factor(f) => Some(f),
+            },
+            capacity_slots: self.routing.capacity,
+            skew: layer.skew,
+            policy: cfg.policy().map_or("", |p| p.name()).into(),
+            norm: cfg.norm.name().into(),
+            routing: cfg.choice.routing_name().into(),
+            min_capacity: cfg.min_capacity,
+            dtype: dtype.to_string(),
+            gflops: None,
+            flops,
+            assignments: Some(s.assignments),
+            dropped: s.dropped,
+            drop_rate: s.drop_rate,
+            rerouted: s.rerouted,
+            unserved_tokens: Some(s.unserved_tokens),
+            multi_served_tokens: Some(s.multi_served_tokens),
+            experts_per_token: Some(s.experts_per_token),
+            imbalance: s.imbalance,
+            top20_share: s.top20_share,
+            balance_loss: s.balance_loss,
+            out_rel_err_vs_dropless: None,
+            rel_l2_err: None,
+            max_abs_err: None,
+            checked_tokens: self.sampled.len(),
+            active_params: active,
+            total_params: total,
+            active_ratio: active as f64 / total as f64,
+        }
     }
 
-    fn per_shape(&self) -> usize {
-        self.skews.len() * self.capacities.len() * self.policies.len() * self.norms.len()
+    /// Fills the error columns and status from a full output and the reference it answers to.
+    fn judge(&self, row: &mut MoeRow, out: &[f32], want: &[f64], dtype: DType) {
+        let d = self.cfg.d_model;
+        let got: Vec<f32> = self
+            .sampled
+            .iter()
+            .flat_map(|&t| out[t * d..(t + 1) * d].to_vec())
+            .collect();
+        let s = ErrorStats::compare(&got, want);
+        row.rel_l2_err = Some(s.rel_l2);
+        row.max_abs_err = Some(s.max_abs);
+        row.out_rel_err_vs_dropless = Some(ErrorStats::compare(out, self.yardstick).rel_l2);
+        let unwritten = out.iter().filter(|v| !v.is_finite()).count();
+        let ok = unwritten == 0 && s.passes(&tolerance(dtype).scaled_to(want));
+        row.head.status = if ok { "ok" } else { "fail" }.into();
     }
+}
+
+fn fail(row: &mut MoeRow, e: impl std::fmt::Display) {
+    row.head.status = "error".into();
+    row.note = e.to_string();
+}
+
+/// A CPU variant: checked, then the whole layer timed with caches flushed.
+fn cpu_row(
+    p: &Point,
+    mut row: MoeRow,
+    variant: ExpertVariant,
+    reps: usize,
+    budget: f64,
+    flusher: &mut CacheFlusher,
+) -> MoeRow {
+    let mut out = vec![f32::NAN; p.x.len()];
+    if let Err(e) = experts_forward(&p.cfg, p.w, p.x, &p.routing, variant, &mut out) {
+        fail(&mut row, e);
+        return row;
+    }
+    p.judge(&mut row, &out, &p.want, DType::F32);
+    let timed = time_reps(reps, budget, flusher, || {
+        moe_kernels::moe_forward(&p.cfg, p.w, p.x, variant, &mut out).map(|_| ())
+    });
+    match timed {
+        Ok(t) => set_timing(&mut row, &t),
+        Err(e) => fail(&mut row, e),
+    }
+    row
+}
+
+/// `cuda_grouped`: the layer's weights (uploaded once per layer and dtype) and the routed
+/// batch resident on the device (untimed), checked against the f64 experts of the rounded
+/// weights and tokens, then event-timed.
+fn cuda_row(
+    p: &Point,
+    mut row: MoeRow,
+    experts: &DeviceExperts,
+    dtype: DType,
+    reps: usize,
+) -> MoeRow {
+    let run = || -> kernel_common::error::Result<(Vec<f32>, Timing)> {
+        let mut batch = experts.batch(&p.cfg, p.x, &p.routing)?;
+        let out = batch.run()?.to_f32();
+        let samples = batch.time(reps)?;
+        Ok((out, Timing { samples }))
+    };
+    match run() {
+        Err(e) => fail(&mut row, e),
+        Ok((out, t)) => {
+            let xr = Buffer::from_f32(dtype, p.x).to_f32();
+            let want = experts_reference(&p.cfg, &p.w.rounded(dtype), &xr, &p.routing, p.sampled);
+            p.judge(&mut row, &out, &want, dtype);
+            set_timing(&mut row, &t);
+            row.note = "timed: the expert kernels on the device (gate+up, down, combine); routing by the CPU router, untimed".into();
+        }
+    }
+    row
+}
+
+fn set_timing(row: &mut MoeRow, t: &Timing) {
+    row.head.set_timing(t);
+    row.gflops = Some(row.flops as f64 / t.median() / 1e9);
 }
 
 /// Runs a moe-family experiment (called by `exp::run` once the spec and grid are loaded).
 pub fn run(req: &ExpRequest) -> Result<i32> {
-    let (opts, spec, spec_path, grid, names, reps) = (
-        req.opts,
-        req.spec,
-        req.spec_path,
-        req.grid.clone(),
-        &req.names,
-        req.reps,
-    );
-    let mgrid = MoeGrid::parse(&grid)?;
-    let shapes = mgrid.shapes()?;
+    let (opts, spec, names, reps) = (req.opts, req.spec, &req.names, req.reps);
+    let mgrid = MoeGrid::parse(&req.grid)?;
+    refuse_k_for_expert_choice(req)?;
     let variants = names
         .iter()
         .map(|v| crate::registry::moe_variant(v))
         .collect::<Result<Vec<_>>>()?;
     crate::require_device(
         opts.device,
-        std::iter::once(Err(KernelError::Unsupported(
-            "the moe family has no CUDA implementation yet".into(),
-        ))),
+        variants.iter().map(|(name, v)| match v {
+            ExpertVariant::CudaGrouped(_) => Ok(()),
+            _ => Err(KernelError::Unsupported(format!("{name} runs on the CPU"))),
+        }),
     )?;
-    let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
-    let bar = progress_bar(shapes.len() * mgrid.per_shape() * variants.len());
+    crate::registry::require_variant_devices(names, opts.device)?;
+    let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
+    let bar = progress_bar(mgrid.points() * variants.len());
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
-    for (si, base) in shapes.iter().enumerate() {
-        for (ki, &skew) in mgrid.skews.iter().enumerate() {
-            let seed = derive_seed(opts.seed, (si * 64 + ki) as u64);
-            bar.set_message(format!("weights {} skew {skew}", base.label()));
-            let w = MoeWeights::random(base, skew, seed);
-            let x = normal_buffer_par(
-                derive_seed(seed, 99),
-                DType::F32,
-                base.tokens * base.d_model,
-            )
-            .to_f32();
-            let sampled = spread(base.tokens, 64);
-            for &norm in &mgrid.norms {
-                let dropless = MoeConfig { norm, ..*base };
-                let r0 = route(&dropless, &x, &w.router, &w.bias)?;
-                let want_dropless = experts_reference(&dropless, &w, &x, &r0, &sampled);
-                for &capacity in &mgrid.capacities {
-                    for &policy in &mgrid.policies {
-                        let cfg = MoeConfig {
-                            capacity,
-                            policy,
-                            norm,
-                            ..*base
+    for (li, layer) in mgrid.layers().iter().enumerate() {
+        let conventions = mgrid.conventions(layer);
+        let seed = derive_seed(opts.seed, li as u64);
+        bar.set_message(format!(
+            "weights e{} t{} skew {}",
+            layer.experts, layer.tokens, layer.skew
+        ));
+        let w = MoeWeights::random(&conventions[0], layer.skew, seed);
+        let x = normal_buffer_par(
+            derive_seed(seed, 99),
+            DType::F32,
+            layer.tokens * layer.d_model,
+        )
+        .to_f32();
+        let sampled = spread(layer.tokens, 64);
+        let mut yardsticks: HashMap<String, Vec<f64>> = HashMap::new();
+        let mut on_device: HashMap<DType, DeviceExperts> = HashMap::new();
+        for cfg in conventions {
+            let open = dropless(&cfg);
+            let yardstick = match yardsticks.entry(open.label()) {
+                Entry::Occupied(known) => known.into_mut(),
+                Entry::Vacant(slot) => {
+                    let r0 = route(&open, &x, &w.router, &w.bias)?;
+                    let mut y0 = vec![f32::NAN; x.len()];
+                    experts_forward(&open, &w, &x, &r0, ExpertVariant::Grouped, &mut y0)?;
+                    slot.insert(y0.iter().map(|&v| v as f64).collect())
+                }
+            };
+            let routing = route(&cfg, &x, &w.router, &w.bias)?;
+            let point = Point {
+                stats: routing.stats(cfg.experts),
+                want: experts_reference(&cfg, &w, &x, &routing, &sampled),
+                yardstick,
+                cfg,
+                w: &w,
+                x: &x,
+                routing,
+                sampled: &sampled,
+            };
+            let kept = (point.stats.assignments - point.stats.dropped) as u64;
+            let expert_flops = 6 * (cfg.d_model * cfg.d_ff) as u64 * kept;
+            let router_flops = 2 * (cfg.tokens * cfg.d_model * cfg.experts) as u64;
+            for (vname, variant) in &variants {
+                bar.set_message(format!("{} s{} {vname}", cfg.label(), layer.skew));
+                let head = Head::new(
+                    &run.run_id,
+                    &spec.name,
+                    vname,
+                    &opts.device.to_string(),
+                    seed,
+                );
+                let row = match *variant {
+                    ExpertVariant::CudaGrouped(dtype) => {
+                        let mut row = Row::new(head, point.cols(layer, dtype, expert_flops));
+                        let uploaded = match on_device.entry(dtype) {
+                            Entry::Occupied(known) => Ok(&*known.into_mut()),
+                            Entry::Vacant(slot) => {
+                                DeviceExperts::upload(&cfg, &w, dtype).map(|up| &*slot.insert(up))
+                            }
                         };
-                        let routing = route(&cfg, &x, &w.router, &w.bias)?;
-                        let stats = routing.stats(cfg.experts);
-                        let want = experts_reference(&cfg, &w, &x, &routing, &sampled);
-                        let kept = (cfg.tokens * cfg.top_k - stats.dropped) as u64;
-                        let flops = 2 * (cfg.tokens * cfg.d_model * cfg.experts) as u64
-                            + 6 * (cfg.d_model * cfg.d_ff) as u64 * kept;
-                        let router_params = (cfg.d_model * cfg.experts) as u64;
-                        let active = router_params + (cfg.top_k * cfg.expert_params()) as u64;
-                        let total = router_params + (cfg.experts * cfg.expert_params()) as u64;
-                        for (vname, variant) in &variants {
-                            bar.set_message(format!("{} s{skew} {vname}", cfg.label()));
-                            let mut row = Row {
-                                head: Head::new(
-                                    &run.run_id,
-                                    &spec.name,
-                                    vname,
-                                    &opts.device.to_string(),
-                                    seed,
-                                ),
-                                cols: MoeCols {
-                                    config: format!("e{} k{}", cfg.experts, cfg.top_k),
-                                    tokens: cfg.tokens,
-                                    d_model: cfg.d_model,
-                                    d_ff: cfg.d_ff,
-                                    experts: cfg.experts,
-                                    top_k: cfg.top_k,
-                                    capacity: match capacity {
-                                        Capacity::Dropless => "dropless".into(),
-                                        Capacity::Factor(f) => f.to_string(),
-                                    },
-                                    capacity_factor: match capacity {
-                                        Capacity::Dropless => None,
-                                        Capacity::Factor(f) => Some(f),
-                                    },
-                                    capacity_slots: routing.capacity,
-                                    skew,
-                                    policy: policy_name(policy).into(),
-                                    norm: norm_name(norm).into(),
-                                    gflops: None,
-                                    flops,
-                                    dropped: stats.dropped,
-                                    drop_rate: stats.drop_rate,
-                                    imbalance: stats.imbalance,
-                                    top20_share: stats.top20_share,
-                                    balance_loss: stats.balance_loss,
-                                    out_rel_err_vs_dropless: None,
-                                    rel_l2_err: None,
-                                    max_abs_err: None,
-                                    checked_tokens: sampled.len(),
-                                    active_params: active,
-                                    total_params: total,
-                                    active_ratio: active as f64 / total as f64,
-                                },
-                                note: String::new(),
-                            };
-                            let d = cfg.d_model;
-                            let mut out = vec![f32::NAN; cfg.tokens * d];
-                            match experts_forward(&cfg, &w, &x, &routing, *variant, &mut out) {
-                                Err(e) => {
-                                    row.head.status = "error".into();
-                                    row.note = e.to_string();
-                                }
-                                Ok(()) => {
-                                    let got: Vec<f32> = sampled
-                                        .iter()
-                                        .flat_map(|&t| out[t * d..(t + 1) * d].to_vec())
-                                        .collect();
-                                    let s = ErrorStats::compare(&got, &want);
-                                    row.rel_l2_err = Some(s.rel_l2);
-                                    row.max_abs_err = Some(s.max_abs);
-                                    row.out_rel_err_vs_dropless =
-                                        Some(ErrorStats::compare(&got, &want_dropless).rel_l2);
-                                    let unwritten = out.iter().filter(|v| !v.is_finite()).count();
-                                    let ok = unwritten == 0
-                                        && s.passes(&tolerance(DType::F32).scaled_to(&want));
-                                    row.head.status = if ok { "ok" } else { "fail" }.into();
-                                    let timed = time_reps(
-                                        reps,
-                                        spec.limits.seconds_per_point,
-                                        &mut flusher,
-                                        || {
-                                            moe_kernels::moe_forward(
-                                                &cfg, &w, &x, *variant, &mut out,
-                                            )
-                                            .map(|_| ())
-                                        },
-                                    );
-                                    match timed {
-                                        Ok(t) => {
-                                            let m = t.median();
-                                            row.head.reps = t.samples.len();
-                                            row.head.median_ms = Some(m * 1e3);
-                                            row.head.p10_ms = Some(t.percentile(10.0) * 1e3);
-                                            row.head.p90_ms = Some(t.percentile(90.0) * 1e3);
-                                            row.gflops = Some(flops as f64 / m / 1e9);
-                                        }
-                                        Err(e) => {
-                                            row.head.status = "error".into();
-                                            row.note = e.to_string();
-                                        }
-                                    }
-                                }
+                        match uploaded {
+                            Ok(experts) => cuda_row(&point, row, experts, dtype, reps),
+                            Err(e) => {
+                                fail(&mut row, e);
+                                row
                             }
-                            if row.head.status == "fail" {
-                                failures += 1;
-                            }
-                            run.writer.write(&row)?;
-                            bar.inc(1);
                         }
                     }
+                    cpu => {
+                        let flops = router_flops + expert_flops;
+                        let row = Row::new(head, point.cols(layer, DType::F32, flops));
+                        let budget = spec.limits.seconds_per_point;
+                        cpu_row(&point, row, cpu, reps, budget, &mut flusher)
+                    }
+                };
+                if crate::run_files::counts_as_failure(&row.head.status, &row.note) {
+                    failures += 1;
                 }
+                run.writer.write(&row)?;
+                bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, render)
-}
-
-/// This family's `RenderFn`.
-pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
-    report::<MoeCols>(spec, csv, prov, |_, rows| tables(rows))
-}
-
-/// The markdown tables of a moe run: routing and accuracy per point, then timing.
-pub fn tables(rows: &[MoeRow]) -> String {
-    let mut md = String::new();
-    let _ = writeln!(md, "## Routing, drops and accuracy\n");
-    let _ = writeln!(md, "| experts | k | skew | capacity | slots | policy | norm | drop rate | imbalance | top-20% share | balance loss | out err vs dropless | active/total params |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let first = rows
-        .first()
-        .map(|r| r.head.variant.clone())
-        .unwrap_or_default();
-    for r in rows.iter().filter(|r| r.head.variant == first) {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.3} | {} | {:.3} |",
-            r.experts,
-            r.top_k,
-            r.skew,
-            r.capacity,
-            r.capacity_slots.map_or("–".into(), |s| s.to_string()),
-            r.policy,
-            r.norm,
-            r.drop_rate,
-            r.imbalance,
-            r.top20_share,
-            r.balance_loss,
-            r.out_rel_err_vs_dropless
-                .map_or("–".into(), |e| format!("{e:.2e}")),
-            r.active_ratio
-        );
-    }
-    let _ = writeln!(md, "\n## Timing (router + experts)\n");
-    let _ = writeln!(md, "| experts | k | skew | capacity | variant | median ms | p10–p90 ms | GFLOP/s (active) | rel L2 vs ref | status |\n|---|---|---|---|---|---|---|---|---|---|");
-    for r in rows {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} |",
-            r.experts,
-            r.top_k,
-            r.skew,
-            r.capacity,
-            r.head.variant,
-            fmt_opt(r.head.median_ms, 2),
-            fmt_opt(r.head.p10_ms, 2),
-            fmt_opt(r.head.p90_ms, 2),
-            fmt_opt(r.gflops, 1),
-            fmt_err(r.rel_l2_err),
-            r.head.status
-        );
-    }
-    let bad: Vec<&MoeRow> = rows.iter().filter(|r| r.head.status != "ok").collect();
-    if !bad.is_empty() {
-        let _ = writeln!(md, "\n## Rows not passing\n\n| config | capacity | skew | variant | status | why |\n|---|---|---|---|---|---|");
-        for r in bad {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} |",
-                r.config, r.capacity, r.skew, r.head.variant, r.head.status, r.note
-            );
-        }
-    }
-    md.push('\n');
-    md
 }

@@ -1,7 +1,10 @@
-//! The moe family: top-k gating with capacity (GShard/Switch capacity factors, dropless as in
-//! MegaBlocks), Mixtral's renormalised or Switch's raw weights, score- or order-based drops,
-//! and the experts grouped per expert (three GEMMs each) or per token; the CUDA router,
-//! capacity, dispatch and combine kernels are checked stage by stage.
+//! The moe family: routing in the conventions of the systems users upstream to — token choice
+//! (GShard/Switch capacity factors with DeepSpeed's `min_capacity`, dropless as in
+//! MegaBlocks; token-order, rank-major (GShard/DeepSpeed/Tutel), score and rerouting
+//! priorities; Mixtral's, Switch's and DeepSpeed's weights) and expert choice (Zhou et al.) —
+//! and the experts grouped per expert (three GEMMs each), per token, or as grouped
+//! tensor-core GEMMs on CUDA; the CUDA router, capacity, dispatch and combine kernels are
+//! checked stage by stage.
 
 use crate::checking::Ctx;
 use crate::error::Result;
@@ -9,12 +12,18 @@ use crate::family::{listed, ExpFamily, Family, ReplayFamily, VariantInfo};
 
 /// `harness check --family moe` (CPU).
 pub mod check;
-/// `harness check --family moe --device cuda`: the CUDA stages.
+/// `harness check --family moe --device cuda`: `cuda_grouped` and the CUDA stages.
 pub mod check_cuda;
-/// `harness exp` for moe specs, and its tables.
+/// The experiment row's columns.
+pub mod cols;
+/// `harness exp` for moe specs.
 pub mod exp;
+/// The experiment grid: layers and the routing conventions at each.
+pub mod grid;
 /// `harness replay` of moe case files.
 pub mod replay;
+/// The experiment's tables.
+pub mod report;
 
 pub const FAMILY: Family = Family {
     name: "moe",
@@ -51,20 +60,31 @@ fn variants() -> Vec<VariantInfo> {
 pub const GRID_KEYS: &[(&str, &str)] = &[
     (
         "capacity",
-        "capacity factor > 0 (slots = ceil(tokens·k·factor/experts)) | dropless",
+        "capacity factor > 0 (token choice: slots = ceil(tokens·k·factor/experts); expert choice: floor(tokens·factor/experts)) | dropless",
+    ),
+    (
+        "min_capacity",
+        "floor on slots per expert, >= 0 (DeepSpeed's min_capacity; default 1)",
     ),
     (
         "skew",
         "router skew s >= 0: bias -s·ln(rank+1) per expert (0 = none)",
     ),
-    ("top_k", "experts per token, 1..=experts"),
+    ("top_k", "experts per token, 1..=experts (token choice)"),
     ("experts", "number of experts"),
     ("tokens", "tokens per call"),
     ("d_model", "model width"),
     ("d_ff", "expert hidden width (SwiGLU)"),
     (
         "policy",
-        "score (keep the highest router scores) | order (keep the first tokens)",
+        "order (token-major) | gshard (rank-major: GShard, DeepSpeed top2gating, Tutel) | score (highest router probability) | reroute (gshard, then overflow to the next-best expert with room); token choice",
     ),
-    ("norm", "renormalize (Mixtral) | raw (Switch)"),
+    (
+        "norm",
+        "renormalize (over the top-k, Mixtral) | raw (Switch) | renormalize_kept (over the choices kept, DeepSpeed); expert choice takes raw and renormalize_kept",
+    ),
+    (
+        "routing",
+        "token_choice | expert_choice (each expert takes its top-c tokens, Zhou et al. 2022; no top_k, no policy)",
+    ),
 ];

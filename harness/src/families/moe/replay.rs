@@ -1,14 +1,63 @@
-//! `harness replay` of moe case files (`x`, `router`, `w_gate`/`w_up`/`w_down`, metadata
-//! `top_k`, `capacity`, `policy`, `norm`): the exact routing decisions in f64, then every
-//! expert variant against the f64 experts of those decisions.
+//! `harness replay` of moe case files (`x`, `router`, `w_gate`/`w_up`/`w_down`): the exact
+//! routing decisions in f64 under the file's convention, then every expert variant against
+//! the f64 experts of those decisions. Metadata: `routing` (`token_choice`, the default, or
+//! `expert_choice`); token choice needs `top_k` and takes `policy` (`order`, `gshard`,
+//! `score` — the default — or `reroute`); expert choice takes neither; `norm`
+//! (`renormalize`, the token-choice default, `raw`, the expert-choice default, or
+//! `renormalize_kept`), `capacity` (a factor or `dropless`, the default) and `min_capacity`
+//! (default 1).
 
 use crate::case_file::CaseFile;
 use crate::case_job::{f32_tensor, stored_floats, wanted, EachCall, Expect, Output, Prepared, Run};
 use crate::error::Result;
 use crate::registry;
 use kernel_common::{tolerance, DType};
-use moe_kernels::{Capacity, DropPolicy, MoeConfig, MoeWeights, WeightNorm};
+use moe_kernels::{Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
 use std::sync::Arc;
+
+/// The routing convention the file's metadata names.
+fn convention(case: &CaseFile) -> Result<(Choice, WeightNorm)> {
+    let meta = |key: &str| case.meta.get(key).map(String::as_str);
+    let expert_choice = match meta("routing") {
+        None | Some("token_choice") => false,
+        Some("expert_choice") => true,
+        Some(o) => {
+            return Err(case.error(format!(
+                "metadata routing='{o}' is not token_choice or expert_choice"
+            )))
+        }
+    };
+    let norm = match meta("norm") {
+        None if expert_choice => WeightNorm::Raw,
+        None => WeightNorm::Renormalize,
+        Some(n) => WeightNorm::parse(n).map_err(|e| case.error(format!("metadata {e}")))?,
+    };
+    if expert_choice {
+        for key in ["top_k", "policy"] {
+            if case.meta.contains_key(key) {
+                return Err(case.error(format!(
+                    "routing=expert_choice takes no {key} (each expert picks its tokens)"
+                )));
+            }
+        }
+        return Ok((Choice::Experts, norm));
+    }
+    let top_k = match meta("top_k").map(str::parse::<usize>) {
+        Some(Ok(k)) => k,
+        Some(Err(_)) => {
+            return Err(case.error(format!(
+                "metadata top_k='{}' is not an integer",
+                case.meta["top_k"]
+            )))
+        }
+        None => return Err(case.error("a token-choice moe case needs metadata \"top_k\"")),
+    };
+    let policy = match meta("policy") {
+        None => Priority::Score,
+        Some(p) => Priority::parse(p).map_err(|e| case.error(format!("metadata {e}")))?,
+    };
+    Ok((Choice::Tokens { top_k, policy }, norm))
+}
 
 /// The jobs of a moe case file.
 pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
@@ -32,39 +81,30 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
             x.shape, router.shape, wg.shape, wu.shape, wd.shape
         )));
     }
-    let top_k = match case.meta.get("top_k").map(|v| v.parse::<usize>()) {
-        Some(Ok(k)) => k,
-        Some(Err(_)) => {
-            return Err(case.error(format!(
-                "metadata top_k='{}' is not an integer",
-                case.meta["top_k"]
-            )))
-        }
-        None => return Err(case.error("a moe case needs metadata \"top_k\"")),
-    };
+    let (choice, norm) = convention(case)?;
     let capacity = match case.meta.get("capacity") {
         None => Capacity::Dropless,
         Some(c) => moe_kernels::parse_capacity(c).map_err(|e| case.error(e))?,
     };
-    let policy = match case.meta.get("policy").map(String::as_str) {
-        None | Some("score") => DropPolicy::Score,
-        Some("order") => DropPolicy::TokenOrder,
-        Some(o) => return Err(case.error(format!("metadata policy='{o}' is not score or order"))),
-    };
-    let norm = match case.meta.get("norm").map(String::as_str) {
-        None | Some("renormalize") => WeightNorm::Renormalize,
-        Some("raw") => WeightNorm::Raw,
-        Some(o) => return Err(case.error(format!("metadata norm='{o}' is not renormalize or raw"))),
+    let min_capacity = match case.meta.get("min_capacity").map(|v| v.parse::<usize>()) {
+        None => 1,
+        Some(Ok(m)) => m,
+        Some(Err(_)) => {
+            return Err(case.error(format!(
+                "metadata min_capacity='{}' is not an integer >= 0",
+                case.meta["min_capacity"]
+            )))
+        }
     };
     let cfg = MoeConfig {
         tokens,
         d_model,
         d_ff,
         experts,
-        top_k,
+        choice,
         norm,
         capacity,
-        policy,
+        min_capacity,
     };
     cfg.validate().map_err(|e| case.error(e))?;
     let bias = match case.optional("router_bias", &[1])? {

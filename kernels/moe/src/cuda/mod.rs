@@ -1,9 +1,12 @@
 //! CUDA MoE routing and data movement: router (logits, softmax, top-k, weights), capacity
 //! positions, dispatch of token rows into expert slots and the weighted combine, compiled
 //! from `moe.cu`. Each call uploads, runs and downloads: the check compares every stage with
-//! the CPU on the same inputs.
+//! the CPU on the same inputs. The expert FFN itself is `experts` (`cuda_grouped`).
 
-use crate::config::{DropPolicy, MoeConfig, WeightNorm};
+/// The expert FFN as grouped tensor-core GEMMs (`experts.cu`, `cuda_grouped`).
+pub mod experts;
+
+use crate::config::{MoeConfig, Priority, WeightNorm};
 use kernel_common::error::Result;
 use kernel_common::{Buffer, KernelError};
 use kernel_cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes, i32_from_bytes};
@@ -38,13 +41,25 @@ const ROUTE_WARPS: usize = 4;
 /// Assignments per capacity block.
 const CAPACITY_THREADS: usize = 256;
 
+/// Experts per token of a token-choice layer, or why the CUDA routing kernels refuse it.
+fn token_choice_k(cfg: &MoeConfig) -> Result<usize> {
+    cfg.validate()?;
+    cfg.top_k().ok_or_else(|| {
+        KernelError::Unsupported(
+            "the CUDA router and capacity kernels are token choice; expert choice routes on \
+             the host (cuda_grouped runs its experts)"
+                .into(),
+        )
+    })
+}
+
 /// The router's launch, or why the config does not fit the kernel.
 pub fn plan_route(cfg: &MoeConfig) -> Result<Launch> {
-    cfg.validate()?;
-    if cfg.experts > MAX_EXPERTS || cfg.top_k > MAX_TOP_K {
+    let k = token_choice_k(cfg)?;
+    if cfg.experts > MAX_EXPERTS || k > MAX_TOP_K {
         return Err(KernelError::Unsupported(format!(
-            "the CUDA router takes ≤ {MAX_EXPERTS} experts and top_k ≤ {MAX_TOP_K}, got {} and {}",
-            cfg.experts, cfg.top_k
+            "the CUDA router takes ≤ {MAX_EXPERTS} experts and top_k ≤ {MAX_TOP_K}, got {} and {k}",
+            cfg.experts
         )));
     }
     Launch::new(
@@ -73,9 +88,12 @@ pub struct DeviceRouting {
 }
 
 /// The router on the device: x `[tokens, d_model]`, gate `[d_model, experts]`, bias `[experts]`.
+/// Its weights are those before capacity: raw, or renormalised over the top-k (for
+/// `renormalize` and `renormalize_kept`; the latter's renormalisation over the kept choices
+/// needs the capacity decisions and is the host's).
 pub fn route_cuda(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Result<DeviceRouting> {
     let launch = plan_route(cfg)?;
-    let (t, d, e, k) = (cfg.tokens, cfg.d_model, cfg.experts, cfg.top_k);
+    let (t, d, e, k) = (cfg.tokens, cfg.d_model, cfg.experts, token_choice_k(cfg)?);
     if x.len() != t * d || gate.len() != d * e || bias.len() != e {
         return Err(KernelError::BadBuffer(format!(
             "router inputs: x {} (want {}), gate {} (want {}), bias {} (want {e})",
@@ -96,7 +114,7 @@ pub fn route_cuda(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Res
     let nan = |n: usize| rt.upload(&f32_bytes(&vec![f32::NAN; n]));
     let (mut probs, mut gp, mut w) = (nan(t * e)?, nan(t * k)?, nan(t * k)?);
     let mut ex = rt.upload(&i32_bytes(&vec![-1; t * k]))?;
-    let renorm = (cfg.norm == WeightNorm::Renormalize) as i32;
+    let renorm = (cfg.norm != WeightNorm::Raw) as i32;
     let (ti, di, ei, ki) = (
         int_arg("tokens", t)?,
         int_arg("d_model", d)?,
@@ -116,11 +134,26 @@ pub fn route_cuda(cfg: &MoeConfig, x: &[f32], gate: &[f32], bias: &[f32]) -> Res
     })
 }
 
+/// The capacity kernel's policy code: 0 token order, 1 score, 2 rank-major (`gshard`).
+pub fn capacity_policy_code(policy: Priority) -> Result<i32> {
+    match policy {
+        Priority::TokenOrder => Ok(0),
+        Priority::Score => Ok(1),
+        Priority::RankMajor => Ok(2),
+        Priority::Reroute => Err(KernelError::Unsupported(
+            "the CUDA capacity kernel keeps by order, score or gshard; reroute's second-chance \
+             rounds run on the host"
+                .into(),
+        )),
+    }
+}
+
 /// Capacity positions on the device: for each assignment (token·k + rank) its slot in its
 /// expert's queue, or −1 when dropped.
 pub fn capacity_cuda(cfg: &MoeConfig, experts: &[i32], gate_probs: &[f32]) -> Result<Vec<i32>> {
-    cfg.validate()?;
-    let n = cfg.tokens * cfg.top_k;
+    let k = token_choice_k(cfg)?;
+    let policy = capacity_policy_code(cfg.policy().expect("token choice has a policy"))?;
+    let n = cfg.tokens * k;
     if experts.len() != n || gate_probs.len() != n {
         return Err(KernelError::BadBuffer(format!(
             "capacity inputs need tokens·top_k = {n} assignments"
@@ -136,11 +169,10 @@ pub fn capacity_cuda(cfg: &MoeConfig, experts: &[i32], gate_probs: &[f32]) -> Re
     let mut pos = rt.upload(&i32_bytes(&vec![i32::MIN; n]))?;
     let (ni, ki, cap) = (
         int_arg("assignments", n)?,
-        int_arg("top_k", cfg.top_k)?,
+        int_arg("top_k", k)?,
         int_arg("capacity", slots_per_expert(cfg))?,
     );
-    let by_score = (cfg.policy == DropPolicy::Score) as i32;
-    cuda_launch!(rt, f, launch, &ed, &pd, &mut pos, &ni, &ki, &cap, &by_score)?;
+    cuda_launch!(rt, f, launch, &ed, &pd, &mut pos, &ni, &ki, &cap, &policy)?;
     rt.sync()?;
     Ok(i32_from_bytes(&rt.download(&pos)?))
 }
@@ -148,7 +180,7 @@ pub fn capacity_cuda(cfg: &MoeConfig, experts: &[i32], gate_probs: &[f32]) -> Re
 /// top_k, d_model and slots per expert as the movement kernels' int arguments.
 fn movement_args(cfg: &MoeConfig) -> Result<(i32, i32, i32)> {
     Ok((
-        int_arg("top_k", cfg.top_k)?,
+        int_arg("top_k", token_choice_k(cfg)?)?,
         int_arg("d_model", cfg.d_model)?,
         int_arg("slots", slots_per_expert(cfg))?,
     ))
@@ -174,7 +206,7 @@ pub fn dispatch_cuda(
     experts: &[i32],
     positions: &[i32],
 ) -> Result<Buffer> {
-    let (t, d, k) = (cfg.tokens, cfg.d_model, cfg.top_k);
+    let (t, d, k) = (cfg.tokens, cfg.d_model, token_choice_k(cfg)?);
     let slots = slots_per_expert(cfg);
     x.expect("x", x.dtype(), t * d)?;
     let rt = CudaRuntime::current()?;
@@ -247,16 +279,16 @@ mod tests {
     use crate::config::Capacity;
 
     fn cfg(tokens: usize, experts: usize, top_k: usize, capacity: Capacity) -> MoeConfig {
-        MoeConfig {
+        MoeConfig::token_choice(
             tokens,
-            d_model: 64,
-            d_ff: 128,
+            64,
+            128,
             experts,
             top_k,
-            norm: WeightNorm::Renormalize,
+            Priority::TokenOrder,
+            WeightNorm::Renormalize,
             capacity,
-            policy: DropPolicy::TokenOrder,
-        }
+        )
     }
 
     #[test]

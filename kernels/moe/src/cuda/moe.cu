@@ -6,9 +6,11 @@
 //   f32, k rounds of warp argmax (ties to the lower expert index, as the CPU's sort), weights
 //   renormalised over the chosen k or raw.
 // moe_capacity_f32: one thread per assignment (token·k + rank); its position in its expert's
-//   queue = the assignments to that expert ahead of it, by (token, rank) order (policy 0) or
-//   by probability, ties to the lower token (policy 1). O(n²) over tiles in shared memory:
-//   a plain reference-grade kernel. Kept when position < capacity; else position −1.
+//   queue = the assignments to that expert ahead of it, by (token, rank) order (policy 0,
+//   `order`), by probability, ties to the lower token (policy 1, `score`), or by (rank,
+//   token) order (policy 2, `gshard`: every first choice before any second choice). O(n²)
+//   over tiles in shared memory: a plain reference-grade kernel. Kept when position <
+//   capacity; else position −1.
 // moe_dispatch_*: copies each kept assignment's token row to expert slot (expert, position).
 // moe_combine_*: out[t] = Σ_rank weight · expert_out[expert, position] over kept assignments.
 
@@ -89,7 +91,7 @@ constexpr int CAP_TILE = 256;
 
 extern "C" __global__ void moe_capacity_f32(const int* __restrict__ experts, const float* __restrict__ gate_probs,
                                             int* __restrict__ positions, int n, int k, int capacity,
-                                            int by_score) {
+                                            int policy) {
     __shared__ int te[CAP_TILE];
     __shared__ float tp[CAP_TILE];
     const int a = blockIdx.x * blockDim.x + threadIdx.x;
@@ -109,7 +111,10 @@ extern "C" __global__ void moe_capacity_f32(const int* __restrict__ experts, con
         for (int i = 0; i < lim; ++i) {
             if (te[i] != ea) continue;
             const int b = base + i;
-            const bool before = by_score ? (tp[i] > pa || (tp[i] == pa && b / k < ta)) : b < a;
+            bool before;
+            if (policy == 1) before = tp[i] > pa || (tp[i] == pa && b / k < ta);
+            else if (policy == 2) before = b % k < a % k || (b % k == a % k && b / k < ta);
+            else before = b < a;
             ahead += before;
         }
     }
