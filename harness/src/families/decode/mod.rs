@@ -12,8 +12,9 @@ use crate::model_source::resolve_model;
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use models::{argmax, load, KvPools, Llama, LoadOptions, SeqChunk, Session};
 use quant_kernels::WeightFormat;
 use serde::{Deserialize, Serialize};
@@ -219,10 +220,16 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bw = run.roof.read_gbps;
     let total = model_names.len() * weights.len() * matmuls.len() * (batches.len() + prefill.len());
-    let bar = progress_bar(total);
+    let bar = run.progress_bar(total);
     let mut failures = 0;
     for (name, path) in model_names.iter().zip(&paths) {
         for w in &weights {
+            let key = |matmul: &str| {
+                PointKey::of(&[("model", name), ("weights", w), ("matmul", &matmul)])
+            };
+            if !matmuls.iter().any(|(mname, _)| run.owns(&key(mname))) {
+                continue;
+            }
             bar.set_message(format!("{name} {w}: loading"));
             let lopts = LoadOptions {
                 attention: "paged".into(),
@@ -233,6 +240,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             };
             let mut m = load(path, &lopts)?.model;
             for (mname, variant) in &matmuls {
+                if !run.owns(&key(mname)) {
+                    continue;
+                }
                 // A product that takes none of the model's formats would only repeat `fused`.
                 let format = m.layers[0].wo.format();
                 if quant_kernels::supports(*variant, format).is_err() {
@@ -244,6 +254,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 let wbytes = m.weight_bytes() as f64;
                 let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
                 let flops_token = 2.0 * (wbytes / bytes_per_param(m)).max(1.0);
+                let mut rows = vec![];
                 let mut row = |phase: &str,
                                batch: usize,
                                ctx: usize,
@@ -256,7 +267,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     let roof = (wbytes + kv_bytes) / (bw * 1e9);
                     let ok = err.is_none_or(|e| e <= 1e-3);
                     failures += usize::from(!ok);
-                    run.writer.write(&Row {
+                    rows.push(Row {
                         head: Head {
                             reps: t.samples.len(),
                             median_ms: Some(med * 1e3),
@@ -289,7 +300,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                             rel_err_vs_batch1: err,
                         },
                         note: String::new(),
-                    })?;
+                    });
                     Ok(())
                 };
                 for &b in &batches {
@@ -320,6 +331,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     )?;
                     bar.inc(1);
                 }
+                run.write_point(&key(mname), &rows)?;
             }
         }
     }

@@ -12,8 +12,9 @@ use crate::provenance::Provenance;
 use crate::render::{fmt_err, fmt_opt};
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, spread, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{spread, ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats, KernelError};
 use moe_kernels::reference::experts_reference;
@@ -211,11 +212,23 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         ))),
     )?;
     let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
-    let bar = progress_bar(shapes.len() * mgrid.per_shape() * variants.len());
+    let bar = run.progress_bar(shapes.len() * mgrid.per_shape() * variants.len());
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
     for (si, base) in shapes.iter().enumerate() {
         for (ki, &skew) in mgrid.skews.iter().enumerate() {
+            let key = PointKey::of(&[
+                ("experts", &base.experts),
+                ("top_k", &base.top_k),
+                ("tokens", &base.tokens),
+                ("d_model", &base.d_model),
+                ("d_ff", &base.d_ff),
+                ("skew", &skew),
+            ]);
+            if !run.owns(&key) {
+                continue;
+            }
+            let mut rows = vec![];
             let seed = derive_seed(opts.seed, (si * 64 + ki) as u64);
             bar.set_message(format!("weights {} skew {skew}", base.label()));
             let w = MoeWeights::random(base, skew, seed);
@@ -344,12 +357,13 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                             if row.head.status == "fail" {
                                 failures += 1;
                             }
-                            run.writer.write(&row)?;
+                            rows.push(row);
                             bar.inc(1);
                         }
                     }
                 }
             }
+            run.write_point(&key, &rows)?;
         }
     }
     bar.finish_and_clear();

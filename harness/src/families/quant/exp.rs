@@ -14,8 +14,9 @@ use crate::render::{fmt_err, fmt_opt};
 use crate::render::{report, Rendered};
 use crate::roofline::Roofline;
 use crate::row::{Head, Row};
-use crate::run_files::{counts_as_failure, progress_bar, spread, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{counts_as_failure, spread, ExpRequest, GridValues, RunFiles};
 use crate::spec::{ExperimentSpec, Limits};
+use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats, KernelError};
 use quant_kernels::{
@@ -159,6 +160,15 @@ fn scheme(f: WeightFormat) -> String {
     }
 }
 
+/// A (shape, weights, batch) point's key: its rows are timed together.
+fn point_key(rows: usize, cols: usize, dist: &WeightDist, batch: usize) -> PointKey {
+    PointKey::of(&[
+        ("shape", &format!("{rows}x{cols}")),
+        ("weights", &dist.name()),
+        ("batch", &batch),
+    ])
+}
+
 /// f64 products of the original f32 weights' `rows` with every activation vector.
 fn dense_reference(w: &[f32], cols: usize, x: &[f32], batch: usize, rows: &[usize]) -> Vec<f64> {
     let mut out = Vec::with_capacity(batch * rows.len());
@@ -194,11 +204,15 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             .map_err(|e| usage(format!("--variant {name}: {e}")))?;
     }
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
-    let bar = progress_bar(qgrid.rows(&variants));
+    let bar = run.progress_bar(qgrid.rows(&variants));
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
     for (si, &(rows, cols)) in qgrid.shapes.iter().enumerate() {
         for (di, dist) in qgrid.dists.iter().enumerate() {
+            let key = |batch: usize| point_key(rows, cols, dist, batch);
+            if !qgrid.batches.iter().any(|&b| run.owns(&key(b))) {
+                continue;
+            }
             let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
             bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
             let w = dist.sample(rows, cols, seed);
@@ -218,6 +232,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 stored.push((format, m, ms, err));
             }
             for &batch in &qgrid.batches {
+                if !run.owns(&key(batch)) {
+                    continue;
+                }
                 let x = normal_buffer_par(
                     derive_seed(seed, 1000 + batch as u64),
                     DType::F32,
@@ -313,9 +330,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     if counts_as_failure(&row.head.status, &row.note) {
                         failures += 1;
                     }
-                    run.writer.write(row)?;
                     bar.inc(1);
                 }
+                run.write_point(&key(batch), point.iter().map(|(row, _)| row))?;
             }
         }
     }
