@@ -6,6 +6,8 @@
 // The shared layer: imports no family and no command.
 /// Counting global allocator (peak scratch memory of a call).
 pub mod alloc;
+/// Files replaced whole or not at all (provenance, rooflines, merged sweeps).
+pub mod atomic_file;
 /// Case files (safetensors with a family and fixed tensor names) for `harness replay`.
 pub mod case_file;
 /// The jobs a family's replay preparation gives the replay command, and tensor helpers.
@@ -40,6 +42,8 @@ pub mod row;
 pub mod run_files;
 /// Experiment specs (TOML): parsing, validation against a family, `--quick` and `--set`.
 pub mod spec;
+/// Sweeps split into shards: point keys, shard assignment, resume, plans.
+pub mod sweep;
 /// The texts model quality is measured on (Debian's licences, this repository's sources,
 /// the seeds), with their sha256.
 pub mod texts;
@@ -51,7 +55,7 @@ pub mod workspace;
 pub mod families;
 
 // The commands: look families up in the table.
-/// `harness check`, `exp`, `render`, `replay`, `generate`, `eval`.
+/// `harness check`, `exp`, `plan`, `merge`, `render`, `replay`, `generate`, `eval`.
 pub mod commands;
 
 use error::{HarnessError, Result};

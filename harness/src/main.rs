@@ -1,11 +1,12 @@
-//! The `harness` command line: list, check, exp, replay, generate, roofline, render. Every error is one line on
+//! The `harness` command line: list, check, exp, plan, merge, replay, generate, roofline, render. Every error is one line on
 //! stderr and exit code 2; a check or experiment with a wrong answer exits 1.
 
 use clap::{Args, Parser, Subcommand};
 use harness::checking::CheckOptions;
-use harness::commands::{check, eval, exp, generate, replay};
+use harness::commands::{check, eval, exp, generate, merge, replay};
 use harness::error::{HarnessError, Result};
 use harness::run_files::ExpOptions;
+use harness::sweep::{Shard, SweepOptions};
 use harness::{families, machine, peer, roofline, spec::ExperimentSpec, workspace, Format};
 use kernel_common::{DType, Device};
 use std::path::PathBuf;
@@ -72,6 +73,76 @@ struct Common {
     format: Format,
 }
 
+/// What `exp` and `plan` share: the experiment and how its grid, variants and peers are chosen.
+#[derive(Args)]
+struct ExpArgs {
+    /// Experiment name (experiments/<name>.toml) or a path to a .toml spec.
+    name: String,
+    /// Replace a grid key's values, e.g. --set kv_len=512,4096 (repeatable).
+    #[arg(long = "set", value_name = "KEY=V1,V2")]
+    sets: Vec<String>,
+    /// Run these variants instead of the spec's (repeatable), e.g. --variant flash2:br=64.
+    #[arg(long = "variant")]
+    variants: Vec<String>,
+    /// Time and check these peers (scripts/peers/<name>, options as for variants) instead
+    /// of the spec's `peers` (repeatable), e.g. --peer torch_sdpa,
+    /// --peer torch_linear:dtype=bf16, --peer llamacpp:build=avx2.
+    #[arg(long = "peer", value_name = "NAME")]
+    peers: Vec<String>,
+    /// Run without the spec's peers.
+    #[arg(long, conflicts_with = "peers")]
+    no_peers: bool,
+    /// Folder of registered peers. Default: scripts/peers of the checkout.
+    #[arg(long, value_name = "DIR")]
+    peers_dir: Option<PathBuf>,
+    /// Use the spec's [quick] grid: smaller, for a first look in about a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Timed repetitions per point (after one untimed warm-up); default from the spec or 5.
+    #[arg(long)]
+    reps: Option<usize>,
+    /// The sweep this run is a shard of, shared by all its shards (default: derived from the
+    /// spec, the grid and the commit).
+    #[arg(long, value_name = "ID")]
+    sweep_id: Option<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+impl ExpArgs {
+    /// The options of `harness exp` / `plan`, with the folders resolved.
+    fn options(
+        self,
+        experiments_dir: Option<PathBuf>,
+        results_dir: Option<PathBuf>,
+        sweep: SweepOptions,
+    ) -> Result<ExpOptions> {
+        let device = Device::parse(&self.common.device)?;
+        set_threads(self.common.threads)?;
+        Ok(ExpOptions {
+            name: self.name,
+            sets: self.sets,
+            variants: self.variants,
+            quick: self.quick,
+            device,
+            reps: self.reps,
+            seed: self.common.seed,
+            format: self.common.format,
+            experiments_dir: dir_or_workspace(experiments_dir, "experiments")?,
+            results_dir: dir_or_workspace(results_dir, "results")?,
+            peers_dir: match self.peers_dir {
+                Some(dir) => dir,
+                None => workspace::root()
+                    .map(|r| r.join("scripts/peers"))
+                    .unwrap_or_else(|_| PathBuf::from("scripts/peers")),
+            },
+            peers: self.peers,
+            no_peers: self.no_peers,
+            sweep,
+        })
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// List kernel families, variants and experiments.
@@ -93,34 +164,45 @@ enum Command {
     },
     /// Run an experiment spec: every variant at every grid point, checked and timed; rows
     /// stream to results/<exp>/<run-id>.csv with .json provenance, .md table and .svg plot.
+    /// With --shard I/N only the points of that shard, into
+    /// results/<exp>/<sweep-id>.shard-I-of-N.{csv,json} (`harness merge` puts shards together).
     Exp {
-        /// Experiment name (experiments/<name>.toml) or a path to a .toml spec.
-        name: String,
-        /// Replace a grid key's values, e.g. --set kv_len=512,4096 (repeatable).
-        #[arg(long = "set", value_name = "KEY=V1,V2")]
-        sets: Vec<String>,
-        /// Run these variants instead of the spec's (repeatable), e.g. --variant flash2:br=64.
-        #[arg(long = "variant")]
-        variants: Vec<String>,
-        /// Time and check these peers (scripts/peers/<name>, options as for variants) instead
-        /// of the spec's `peers` (repeatable), e.g. --peer torch_sdpa,
-        /// --peer torch_linear:dtype=bf16, --peer llamacpp:build=avx2.
-        #[arg(long = "peer", value_name = "NAME")]
-        peers: Vec<String>,
-        /// Run without the spec's peers.
-        #[arg(long, conflicts_with = "peers")]
-        no_peers: bool,
-        /// Folder of registered peers. Default: scripts/peers of the checkout.
-        #[arg(long, value_name = "DIR")]
-        peers_dir: Option<PathBuf>,
-        /// Use the spec's [quick] grid: smaller, for a first look in about a minute.
-        #[arg(long)]
-        quick: bool,
-        /// Timed repetitions per point (after one untimed warm-up); default from the spec or 5.
-        #[arg(long)]
-        reps: Option<usize>,
         #[command(flatten)]
-        common: Common,
+        args: ExpArgs,
+        /// Run only shard I of N (I counts from 0): the grid points whose key hashes to I,
+        /// e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT.
+        #[arg(long, value_name = "I/N")]
+        shard: Option<String>,
+        /// Continue this shard's files if they exist: skip the points complete in its CSV,
+        /// discard a half-written tail, measure the rest (without it, existing files are
+        /// refused). Alone, the whole grid is shard 0/1.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// How a sweep would split into N shards: points, rows and estimated time per shard
+    /// (rows x the spec's seconds_per_point), and the sweep id the shards would share.
+    /// Measures and writes nothing.
+    Plan {
+        #[command(flatten)]
+        args: ExpArgs,
+        /// Number of shards.
+        #[arg(long, value_name = "N")]
+        shards: usize,
+    },
+    /// Put the shards of a sweep together: one CSV and one provenance JSON listing every
+    /// shard's machine, ISA, roofline, commit, start and end, then the .md and .svg, in
+    /// results/<exp>/<sweep-id>.*. Refuses a missing or unfinished shard, a truncated shard
+    /// CSV, a point present twice, shards of different specs or grids.
+    Merge {
+        /// A sweep id (its shards are found under the results folder) or the shard CSVs.
+        #[arg(required = true, value_name = "SWEEP_ID|SHARD.csv")]
+        inputs: Vec<String>,
+        /// Accept shards run on different commits or machines (recorded as mixed).
+        #[arg(long)]
+        allow_mixed: bool,
+        /// Output on stdout.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Measure this machine's read bandwidth and f32 FMA peak; keep the best seen so far in
     /// results/roofline/<machine>-<threads>t.json (each experiment also measures afresh).
@@ -296,40 +378,43 @@ fn run(cli: Cli) -> Result<i32> {
             on_pool(|| check::run(&opts))
         }
         Command::Exp {
-            name,
-            sets,
-            variants,
-            peers,
-            no_peers,
-            peers_dir,
-            quick,
-            reps,
-            common,
+            args,
+            shard,
+            resume,
         } => {
-            let device = Device::parse(&common.device)?;
-            set_threads(common.threads)?;
-            let opts = ExpOptions {
-                name,
-                sets,
-                variants,
-                quick,
-                device,
-                reps,
-                seed: common.seed,
-                format: common.format,
-                experiments_dir: dir_or_workspace(cli.experiments_dir, "experiments")?,
-                results_dir: dir_or_workspace(cli.results_dir, "results")?,
-                peers_dir: match peers_dir {
-                    Some(dir) => dir,
-                    None => workspace::root()
-                        .map(|r| r.join("scripts/peers"))
-                        .unwrap_or_else(|_| PathBuf::from("scripts/peers")),
-                },
-                peers,
-                no_peers,
+            let sweep = SweepOptions {
+                shard: shard.as_deref().map(Shard::parse).transpose()?,
+                sweep_id: args.sweep_id.clone(),
+                resume,
+                plan: None,
             };
+            let opts = args.options(cli.experiments_dir, cli.results_dir, sweep)?;
             on_pool(|| exp::run(&opts))
         }
+        Command::Plan { args, shards } => {
+            if shards == 0 {
+                return Err(HarnessError::Usage("--shards must be at least 1".into()));
+            }
+            let sweep = SweepOptions {
+                shard: None,
+                sweep_id: args.sweep_id.clone(),
+                resume: false,
+                plan: Some(shards),
+            };
+            let opts = args.options(cli.experiments_dir, cli.results_dir, sweep)?;
+            on_pool(|| exp::run(&opts))
+        }
+        Command::Merge {
+            inputs,
+            allow_mixed,
+            format,
+        } => merge::run(&merge::MergeOptions {
+            inputs,
+            allow_mixed,
+            format,
+            experiments_dir: dir_or_workspace(cli.experiments_dir, "experiments")?,
+            results_dir: dir_or_workspace(cli.results_dir, "results")?,
+        }),
         Command::Roofline {
             threads,
             device,

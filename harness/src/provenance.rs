@@ -1,6 +1,8 @@
 //! Provenance of a run, written beside its CSV as `<run-id>.json` when the run starts and
 //! rewritten when it ends: git sha and dirty flag, host, CPU, ISA tier, threads, device, rustc,
-//! command line, the grid, the roofline measured at the start, times and status.
+//! command line, the grid, the roofline measured at the start, times and status. A shard of
+//! a sweep adds its `sweep` record (which sweep, which shard, every session that worked on
+//! it); a merged sweep its `merged` record (every shard's machine, commit and roofline).
 
 use crate::error::{HarnessError, Result};
 use crate::machine;
@@ -40,6 +42,111 @@ pub struct Provenance {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub rows: usize,
+    /// Set on a shard of a sweep (`harness exp --shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<ShardRecord>,
+    /// Set on a merged sweep (`harness merge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<MergeRecord>,
+}
+
+/// What a shard's provenance adds: the sweep it belongs to, what the sweep measures, the
+/// grid's points and every session (a start or a `--resume`) that wrote rows into it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ShardRecord {
+    pub sweep_id: String,
+    pub shard: usize,
+    pub shards: usize,
+    /// Digest of the spec file, the grid, variants, peers, reps, seed, device and `--quick`:
+    /// shards of one sweep, and a resumed shard, must agree on it.
+    pub definition: String,
+    /// Digest of the spec file alone (to say "different specs" rather than "different
+    /// sweeps").
+    pub spec_digest: String,
+    /// Every point key of the grid in the runner's order (this shard's and the others'),
+    /// complete once the shard has finished: the merged CSV's row order.
+    pub points: Vec<String>,
+    /// Points this shard measures.
+    pub owned: usize,
+    pub sessions: Vec<Session>,
+}
+
+/// One process that worked on a shard: where, on which commit, against which roofline.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Session {
+    pub host: String,
+    /// CPU model and cores (`machine::machine_key`): what "the same machine" means.
+    pub machine: String,
+    pub cpu_model: String,
+    pub isa: String,
+    pub isa_detected: String,
+    pub threads: usize,
+    pub device: String,
+    pub git_sha: String,
+    pub git_dirty: bool,
+    pub roofline: Roofline,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    /// Points already complete in the CSV when this session started.
+    pub points_before: usize,
+}
+
+impl Session {
+    /// This process, starting now.
+    pub fn now(device: &str, roofline: Roofline, points_before: usize) -> Session {
+        let (git_sha, git_dirty) = machine::git_state();
+        Session {
+            host: machine::host(),
+            machine: machine::machine_key(),
+            cpu_model: machine::cpu_model(),
+            isa: machine::isa(),
+            isa_detected: machine::isa_detected(),
+            threads: rayon::current_num_threads(),
+            device: device.into(),
+            git_sha,
+            git_dirty,
+            roofline,
+            started_at: machine::now_rfc3339(),
+            finished_at: None,
+            points_before,
+        }
+    }
+
+    /// The commit, as mixing is judged (a dirty tree is another commit).
+    pub fn commit(&self) -> String {
+        format!(
+            "{}{}",
+            self.git_sha,
+            if self.git_dirty { "+dirty" } else { "" }
+        )
+    }
+
+    /// The machine as mixing is judged: hardware, ISA tier in use, threads and device.
+    pub fn machine_kind(&self) -> String {
+        format!(
+            "{} isa={} threads={} device={}",
+            self.machine, self.isa, self.threads, self.device
+        )
+    }
+}
+
+/// What a merged sweep's provenance adds: its shards and whether they were mixed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MergeRecord {
+    pub sweep_id: String,
+    pub shards: Vec<MergedShard>,
+    /// `commits` and/or `machines` when the shards differ there (`--allow-mixed`).
+    pub mixed: Vec<String>,
+}
+
+/// One shard of a merged sweep.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MergedShard {
+    pub shard: usize,
+    pub csv: String,
+    pub rows: usize,
+    pub points: usize,
+    pub sessions: Vec<Session>,
 }
 
 impl Provenance {
@@ -82,13 +189,17 @@ impl Provenance {
             started_at: machine::now_rfc3339(),
             finished_at: None,
             rows: 0,
+            sweep: None,
+            merged: None,
         }
     }
 
-    /// Writes (or rewrites) the JSON file.
+    /// Writes (or rewrites) the JSON file, whole or not at all.
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
-            .map_err(HarnessError::io(format!("writing {}", path.display())))
+        crate::atomic_file::write(
+            path,
+            (serde_json::to_string_pretty(self)? + "\n").as_bytes(),
+        )
     }
 
     /// Reads a provenance file.

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Measured limits of one machine at one thread count.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// Measured limits of one machine at one thread count (`Default`: none measured, as in
+/// `harness plan`, which measures nothing).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Roofline {
     pub machine: String,
     pub cpu_model: String,
@@ -236,8 +237,8 @@ pub fn store(results: &Path, roof: &Roofline) -> Result<PathBuf> {
     let p = path(results);
     std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
         .map_err(HarnessError::io("creating results/roofline"))?;
-    std::fs::write(&p, serde_json::to_string_pretty(roof)? + "\n")
-        .map_err(HarnessError::io(format!("writing {}", p.display())))?;
+    // Shards of a sweep on one machine store concurrently: whole files only.
+    crate::atomic_file::write(&p, (serde_json::to_string_pretty(roof)? + "\n").as_bytes())?;
     Ok(p)
 }
 
@@ -336,8 +337,7 @@ pub fn measure_cuda_and_record(results: &Path, ordinal: usize) -> Result<(Roofli
     };
     std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
         .map_err(HarnessError::io("creating results/roofline"))?;
-    std::fs::write(&p, serde_json::to_string_pretty(&best)? + "\n")
-        .map_err(HarnessError::io(format!("writing {}", p.display())))?;
+    crate::atomic_file::write(&p, (serde_json::to_string_pretty(&best)? + "\n").as_bytes())?;
     Ok((fresh, p))
 }
 

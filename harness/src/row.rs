@@ -1,14 +1,16 @@
 //! Result rows: the columns every row shares (which run, which variant, where, how it went,
 //! how long it took) are declared once in `Head`; a family adds its own columns as a struct `F`,
 //! and `Row<F>` is the two together with the free-text `note` last. CSV files are streamed by
-//! `RowWriter` (flushed per row, so a killed run keeps every finished row) and read back by
+//! `RowWriter` (a grid point's rows in one write, so a killed run keeps every finished point) and read back by
 //! column name, so files written before a column existed still read (missing → empty).
 //! The csv crate cannot serialise `#[serde(flatten)]`; rows are written as the tuple
-//! `(head, family columns, note)`, which it flattens in order.
+//! `(head, family columns, note)` — an experiment's `(head, point columns, family columns,
+//! note)` — which it flattens in order.
 
 use crate::error::{HarnessError, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::fs::File;
+use std::io::{Seek, Write};
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 
@@ -72,6 +74,15 @@ struct Note {
     note: String,
 }
 
+impl Note {
+    /// A row's note on one line.
+    fn of<F>(row: &Row<F>) -> Note {
+        Note {
+            note: row.note.replace(['\n', '\r'], " "),
+        }
+    }
+}
+
 /// One result row: the shared head, a family's columns, a note. Derefs to the family's
 /// columns, so `row.gbps` reads a family column and `row.head.median_ms` a shared one.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -127,11 +138,24 @@ impl<F: Serialize> Columns for Row<F> {
     }
 }
 
-/// A CSV file that flushes after every row.
+/// The two columns an experiment's rows add after the head: the row's grid point
+/// (`sweep::PointKey`) and how many rows that point has, so a reader can tell a complete
+/// point from one cut short by a kill (`sweep::shard_csv`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PointCols {
+    pub point: String,
+    pub point_rows: usize,
+}
+
+/// A CSV file written a group of rows at a time: each group is serialised whole and handed
+/// to the OS in one write, so a killed run keeps every finished group (and the reader of a
+/// sweep CSV can tell a group cut short). Notes are kept on one line, so one row is one line.
 pub struct RowWriter {
-    writer: csv::Writer<File>,
+    file: File,
     pub path: PathBuf,
     pub rows: usize,
+    /// The header line as in the file (None until the first row of a new file).
+    header: Option<String>,
 }
 
 impl RowWriter {
@@ -140,22 +164,82 @@ impl RowWriter {
         let file = File::create(&path)
             .map_err(HarnessError::io(format!("creating {}", path.display())))?;
         Ok(RowWriter {
-            writer: csv::Writer::from_writer(file),
+            file,
             path,
             rows: 0,
+            header: None,
         })
     }
 
-    /// Appends one row (head, family columns, note) and flushes it to disk.
+    /// Opens `path` to append after its first `keep` bytes (the rest is cut off), which
+    /// hold `header` and `rows` rows: a resumed sweep's CSV.
+    pub fn append(
+        path: PathBuf,
+        keep: u64,
+        header: Option<String>,
+        rows: usize,
+    ) -> Result<RowWriter> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut f| {
+                f.set_len(keep)?;
+                f.seek(std::io::SeekFrom::End(0))?;
+                Ok(f)
+            })
+            .map_err(HarnessError::io(format!("reopening {}", path.display())))?;
+        Ok(RowWriter {
+            file,
+            path,
+            rows,
+            header,
+        })
+    }
+
+    /// Appends one row (head, family columns, note): a check's.
     pub fn write<F: Serialize>(&mut self, row: &Row<F>) -> Result<()> {
-        let note = Note {
-            note: row.note.clone(),
+        self.write_records(std::iter::once((&row.head, &row.cols, Note::of(row))))
+    }
+
+    /// Appends the rows of one grid point (head, point columns, family columns, note), all
+    /// in one write.
+    pub fn write_point<F: Serialize>(&mut self, point: &PointCols, rows: &[&Row<F>]) -> Result<()> {
+        self.write_records(rows.iter().map(|r| (&r.head, point, &r.cols, Note::of(r))))
+    }
+
+    fn write_records<T: Serialize>(&mut self, records: impl Iterator<Item = T>) -> Result<()> {
+        let mut w = csv::Writer::from_writer(vec![]);
+        let mut n = 0;
+        for r in records {
+            w.serialize(r)?;
+            n += 1;
+        }
+        let bytes = w
+            .into_inner()
+            .map_err(|e| HarnessError::Usage(format!("csv: {e}")))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let header_end = bytes
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap_or(bytes.len());
+        let header = String::from_utf8_lossy(&bytes[..header_end]).into_owned();
+        let body = match &self.header {
+            None => &bytes[..],
+            Some(h) if *h == header => &bytes[(header_end + 1).min(bytes.len())..],
+            Some(h) => {
+                return Err(HarnessError::Usage(format!(
+                    "{}: this build's columns ({header}) differ from the file's ({h}); resume it with the build that started it",
+                    self.path.display()
+                )))
+            }
         };
-        self.writer.serialize((&row.head, &row.cols, &note))?;
-        self.writer
-            .flush()
+        self.file
+            .write_all(body)
             .map_err(HarnessError::io(format!("writing {}", self.path.display())))?;
-        self.rows += 1;
+        self.header = Some(header);
+        self.rows += n;
         Ok(())
     }
 }
@@ -235,6 +319,37 @@ mod tests {
         assert_eq!(old[0].head.median_ms, None);
         assert_eq!(old[0].gbps, Some(3.5));
         assert_eq!(old[0].note, "");
+
+        // A point's rows: the point columns after the head, notes on one line, and a file
+        // reopened after its complete part takes rows of the same columns only.
+        let point = PointCols {
+            point: "mode=decode batch=1".into(),
+            point_rows: 2,
+        };
+        row.note = "two\nlines".into();
+        let mut w = RowWriter::create(path.clone()).unwrap();
+        w.write_point(&point, &[&row, &row]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(
+            text.contains(",peer_version,point,point_rows,mode,"),
+            "{text}"
+        );
+        assert!(text.contains("mode=decode batch=1,2,decode") && text.contains("two lines"));
+        let keep = text.len() as u64;
+        let header = text.lines().next().map(String::from);
+        std::fs::write(&path, format!("{text}half,a,ro")).unwrap();
+        let mut w = RowWriter::append(path.clone(), keep, header, 2).unwrap();
+        w.write_point(&point, &[&row]).unwrap();
+        assert_eq!(w.rows, 3);
+        let again = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(again.lines().count(), 4, "the half line is gone: {again}");
+        let other = Row::new(Head::default(), Note::default());
+        assert!(w
+            .write_point(&point, &[&other])
+            .unwrap_err()
+            .to_string()
+            .contains("differ from the file's"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::TempDir;
+#[path = "common/specs.rs"]
+mod specs;
+use specs::{decode_spec, TINY, TINY_MOE, TINY_QUANT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
 const REPO_ROOFLINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/roofline");
@@ -116,90 +119,6 @@ fn assert_usage_error(out: &Output, what: &str, needle: &str, results: &Path, se
         "{what}: bad input wrote under the results dir"
     );
 }
-
-/// The tiny experiment of the happy path (its name is its file stem: `render` finds the spec
-/// by the experiment name recorded in the provenance).
-const TINY: &str = r#"name = "tiny"
-question = "Smoke test: naive, flash2 and paged on two tiny decode and prefill problems."
-claims = ["C5"]
-family = "attention"
-variants = ["naive", "flash2", "paged:bs=16"]
-reps = 2
-
-[grid]
-mode = ["decode", "prefill"]
-batch = [1]
-heads = ["gqa"]
-q_heads = [4]
-head_dim = [32]
-kv_len = [64, 96]
-
-[plot]
-x = "kv_len"
-panel = "mode"
-series = "variant"
-y = { decode = "gbps", prefill = "gflops" }
-
-[report]
-baseline = "naive"
-"#;
-
-/// A tiny quant experiment: two formats against f32 weights (fused and faer), two batches.
-const TINY_QUANT: &str = r#"name = "tinyq"
-question = "Smoke test: quantised GEMV/GEMM against f32 weights."
-claims = ["C16", "C18"]
-family = "quant"
-variants = ["fused", "faer"]
-reps = 2
-
-[grid]
-format = ["q4_0", "f32", "sym3g32"]
-shape = ["40x96"]
-weights = ["gaussian", "outliers"]
-batch = [1, 5]
-
-[plot]
-x = "bits_per_weight"
-panel = "weights"
-series = "scheme"
-y = { "*" = "out_rel_err" }
-filter = { batch = "1" }
-log_x = false
-log_y = true
-
-[[extra_plots]]
-x = "batch"
-panel = "shape"
-series = "format"
-y = { "*" = "speedup_vs_f32" }
-filter = { weights = "gaussian", format = "q4_0|sym3g32" }
-"#;
-
-/// A tiny moe experiment: two capacities (one dropless), two skews, both variants.
-const TINY_MOE: &str = r#"name = "tinymoe"
-question = "Smoke test: a small MoE layer with and without capacity."
-claims = ["C13"]
-family = "moe"
-variants = ["grouped", "naive"]
-reps = 2
-
-[grid]
-capacity = ["0.5", "dropless"]
-skew = [0.0, 1.5]
-top_k = [2]
-experts = [4]
-tokens = [40]
-d_model = [16]
-d_ff = [24]
-
-[plot]
-x = "capacity_factor"
-panel = "config"
-series = "skew"
-y = { "*" = "drop_rate" }
-filter = { variant = "grouped" }
-log_x = false
-"#;
 
 /// A temp experiments folder holding `tiny.toml`, and a temp results folder with the
 /// repository's rooflines copied in.
@@ -779,31 +698,8 @@ fn tiny_experiment_writes_every_output() {
 #[test]
 fn killed_run_keeps_finished_rows() {
     let s = Setup::new("killed_run");
-    let lens: Vec<String> = (1..=30).map(|i| (512 * i).to_string()).collect();
-    let spec = format!(
-        r#"name = "long"
-question = "Many decode points, to be interrupted."
-claims = ["C5"]
-family = "attention"
-variants = ["flash2", "naive"]
-reps = 3
-
-[grid]
-mode = ["decode"]
-batch = [1]
-heads = ["gqa"]
-q_heads = [32]
-head_dim = [128]
-kv_len = [{}]
-
-[plot]
-x = "kv_len"
-panel = "mode"
-series = "variant"
-y = {{ decode = "gbps" }}
-"#,
-        lens.join(", ")
-    );
+    let lens: Vec<usize> = (1..=30).map(|i| 512 * i).collect();
+    let spec = decode_spec("long", &lens, (32, 128), 3);
     fs::write(s.exps.join("long.toml"), spec).unwrap();
     let stderr_path = s._tmp.join("stderr.txt");
     let child = Command::new(BIN)

@@ -5,9 +5,11 @@
 pub mod check;
 /// `harness eval perplexity`.
 pub mod eval;
-/// `harness exp` and `harness render`.
+/// `harness exp`, `harness plan` and `harness render`.
 pub mod exp;
 /// `harness generate`.
 pub mod generate;
+/// `harness merge`: the shards of a sweep put together.
+pub mod merge;
 /// `harness replay`.
 pub mod replay;

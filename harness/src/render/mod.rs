@@ -98,11 +98,49 @@ pub fn render_run(
         prov.started_at,
         prov.finished_at.as_deref().unwrap_or("–")
     );
+    if let Some(m) = &prov.merged {
+        md.push_str(&shards_table(m));
+    }
     md.push_str(&rendered.tables);
     let md_path = csv.with_extension("md");
     std::fs::write(&md_path, md)
         .map_err(HarnessError::io(format!("writing {}", md_path.display())))?;
     Ok(rendered)
+}
+
+/// A merged sweep's shards, one line per session (a start or a `--resume`).
+fn shards_table(m: &crate::provenance::MergeRecord) -> String {
+    let mut md = format!(
+        "**Shards** of sweep `{}`{} (each row's `% roof` is against its own session's roofline; the plot's line is the best of them):\n\n| shard | host | CPU | ISA | threads | commit | read GB/s | FMA GFLOP/s | start → end | points before |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        m.sweep_id,
+        if m.mixed.is_empty() {
+            String::new()
+        } else {
+            format!(", mixed {}", m.mixed.join(" and "))
+        }
+    );
+    for shard in &m.shards {
+        for s in &shard.sessions {
+            let _ = writeln!(
+                md,
+                "| {}/{} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} → {} | {} |",
+                shard.shard,
+                m.shards.len(),
+                s.host,
+                s.cpu_model,
+                s.isa,
+                s.threads,
+                s.commit(),
+                s.roofline.read_gbps,
+                s.roofline.fma_gflops,
+                s.started_at,
+                s.finished_at.as_deref().unwrap_or("–"),
+                s.points_before
+            );
+        }
+    }
+    md.push('\n');
+    md
 }
 
 /// `<run-id>.svg` from `plot`, `<run-id>-2.svg`, ... from `extra_plots`.

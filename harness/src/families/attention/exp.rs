@@ -11,7 +11,7 @@ use crate::error::{HarnessError, Result};
 use crate::measure::CacheFlusher;
 use crate::peer::{Peer, ScratchDir};
 use crate::registry;
-use crate::run_files::{counts_as_failure, progress_bar, ExpRequest, RunFiles};
+use crate::run_files::{counts_as_failure, ExpRequest, RunFiles};
 use kernel_common::inputs::derive_seed;
 
 /// Runs an attention experiment: every variant at every point, checked and timed.
@@ -43,10 +43,14 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         .iter()
         .map(|m| Peer::start(m.clone(), &req.peer_root, &scratch.0))
         .collect();
-    let bar = progress_bar(points.len() * (kernels.len() + peers.len()));
+    let bar = run.progress_bar(points.len() * (kernels.len() + peers.len()));
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
     for (index, point) in points.iter().enumerate() {
+        let key = point.key();
+        if !run.owns(&key) {
+            continue;
+        }
         let mut runner =
             PointRunner::new(point, derive_seed(opts.seed, index as u64), &spec.limits);
         if !peers.is_empty() {
@@ -63,15 +67,16 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 &mut flusher,
                 &run.roof,
             )?;
-            for row in rows {
+            for row in &rows {
                 if counts_as_failure(&row.head.status, &row.note) {
                     failures += 1;
                 }
-                run.writer.write(&row)?;
                 bar.inc(1);
             }
+            run.write_point(&key, &rows)?;
             continue;
         }
+        let mut rows = vec![];
         for kernel in &kernels {
             bar.set_message(format!(
                 "{} {} {}",
@@ -97,9 +102,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             if counts_as_failure(&row.head.status, &row.note) {
                 failures += 1;
             }
-            run.writer.write(&row)?;
+            rows.push(row);
             bar.inc(1);
         }
+        run.write_point(&key, &rows)?;
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, super::report::render)

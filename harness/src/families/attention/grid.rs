@@ -3,6 +3,7 @@
 //! q_len = kv_len; heads as mha, gqa, mqa or Q/KV).
 
 use crate::error::{HarnessError, Result};
+use crate::sweep::PointKey;
 use attention_kernels::AttentionShape;
 use kernel_common::DType;
 use std::collections::BTreeMap;
@@ -26,6 +27,23 @@ pub struct Point {
     pub mode: String,
     pub dtype: DType,
     pub shape: AttentionShape,
+}
+
+impl Point {
+    /// The point's identity for sweeps: every coordinate that tells it from another point.
+    pub fn key(&self) -> PointKey {
+        let s = &self.shape;
+        PointKey::of(&[
+            ("mode", &self.mode),
+            ("dtype", &self.dtype),
+            ("batch", &s.batch),
+            ("heads", &format!("{}/{}", s.q_heads, s.kv_heads)),
+            ("q_len", &s.q_len),
+            ("kv_len", &s.kv_len),
+            ("head_dim", &s.head_dim),
+            ("causal", &s.causal),
+        ])
+    }
 }
 
 /// Expands a resolved grid into points, validating every value and every shape.

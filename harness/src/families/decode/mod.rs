@@ -11,8 +11,9 @@ use crate::measure::Timing;
 use crate::model_source::resolve_model;
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
-use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use models::{argmax, load, KvPools, Llama, LoadOptions, SeqChunk, Session};
 use peers::{DecodePeers, PeerPoint};
 use quant_kernels::WeightFormat;
@@ -193,10 +194,18 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let points = batches.len() + prefill.len();
     let native = weights.iter().filter(|w| *w == "native").count();
     let peer_rows = peers.len() * model_names.len() * native * points;
-    let bar = progress_bar(model_names.len() * weights.len() * matmuls.len() * points + peer_rows);
+    let bar =
+        run.progress_bar(model_names.len() * weights.len() * matmuls.len() * points + peer_rows);
     let mut failures = 0;
+    let run_id = run.run_id.clone();
     for (name, path) in model_names.iter().zip(&paths) {
         for w in &weights {
+            // A point is a (model, weights): every product and the peers' rounds beside them.
+            let key = PointKey::of(&[("model", name), ("weights", w)]);
+            if !run.owns(&key) {
+                continue;
+            }
+            let mut rows = vec![];
             bar.set_message(format!("{name} {w}: loading"));
             let lopts = LoadOptions {
                 attention: "paged".into(),
@@ -210,7 +219,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             let ctx_for = |m: &Llama| {
                 let wbytes = m.weight_bytes() as f64;
                 RowCtx {
-                    run_id: &run.run_id,
+                    run_id: &run_id,
                     exp: &spec.name,
                     device: opts.device.to_string(),
                     seed: opts.seed,
@@ -273,7 +282,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     }
                     let row = ctx.row("model", mname, &decode_phase(b), &Timing { samples }, err);
                     failures += usize::from(row.head.status == "fail");
-                    run.writer.write(&row)?;
+                    rows.push(row);
                     bar.inc(1);
                 }
                 for &p in &prefill {
@@ -290,7 +299,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         peers.time_round(&mut slots, path, &point);
                     }
                     let row = ctx.row("model", mname, &prefill_phase(p), &Timing { samples }, None);
-                    run.writer.write(&row)?;
+                    rows.push(row);
                     bar.inc(1);
                 }
             }
@@ -302,10 +311,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     .chain(prefill.iter().map(|&p| prefill_phase(p)))
                     .collect();
                 for row in peers.rows(slots, &ctx, &phases) {
-                    run.writer.write(&row)?;
+                    rows.push(row);
                     bar.inc(1);
                 }
             }
+            run.write_point(&key, &rows)?;
         }
     }
     bar.finish_and_clear();

@@ -9,8 +9,9 @@ use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use models::ModelShape;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -137,8 +138,18 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         }
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid)?;
-    let bar = progress_bar(points.len());
+    let bar = run.progress_bar(points.len());
     for (shape, attention, dtype, bytes, seq_len, sessions) in points {
+        let key = PointKey::of(&[
+            ("model", &shape.name),
+            ("attention", &attention),
+            ("dtype", &dtype),
+            ("seq_len", &seq_len),
+            ("sessions", &sessions),
+        ]);
+        if !run.owns(&key) {
+            continue;
+        }
         let fits = shape.kv_heads <= shape.q_heads && shape.q_heads % shape.kv_heads == 0;
         let per_token = if fits {
             shape.kv_bytes_per_token(bytes)
@@ -146,7 +157,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             f64::NAN
         };
         let total = per_token * seq_len as f64 * sessions as f64;
-        run.writer.write(&Row {
+        let row = Row {
             head: Head {
                 status: if fits { "ok" } else { "skipped" }.into(),
                 ..Head::new(
@@ -182,7 +193,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     shape.kv_heads, shape.q_heads
                 )
             },
-        })?;
+        };
+        run.write_point(&key, [&row])?;
         bar.inc(1);
     }
     bar.finish_and_clear();

@@ -9,8 +9,9 @@ use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use models::serve::kvsim::{simulate, Allocator, SimResult};
 use models::serve::workload::Workload;
 use serde::{Deserialize, Serialize};
@@ -135,8 +136,21 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         )));
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
-    let bar = progress_bar(systems.len() * names.len() * block_sizes.len());
+    let bar = run.progress_bar(systems.len() * names.len() * block_sizes.len());
     for &system in &systems {
+        let key = |name: &str, bs: usize| {
+            PointKey::of(&[
+                ("system_prompt", &system),
+                ("allocator", &name),
+                ("block_size", &bs),
+            ])
+        };
+        let mut keys = names
+            .iter()
+            .flat_map(|n| block_sizes.iter().map(move |&bs| (n, bs)));
+        if !keys.any(|(n, bs)| run.owns(&key(n, bs))) {
+            continue;
+        }
         let w = Workload {
             requests,
             prompt_mean,
@@ -153,6 +167,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         let contiguous = simulate(&reqs, max_new, budget, Allocator::Contiguous);
         for name in names {
             for &bs in &block_sizes {
+                if !run.owns(&key(name, bs)) {
+                    continue;
+                }
                 let r: SimResult = match name.as_str() {
                     "contiguous" => contiguous,
                     n => simulate(
@@ -165,7 +182,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         },
                     ),
                 };
-                run.writer.write(&Row {
+                let row = Row {
                     head: Head {
                         status: "ok".into(),
                         ..Head::new(
@@ -198,7 +215,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         throughput_vs_contiguous: r.tokens_per_step / contiguous.tokens_per_step,
                     },
                     note: String::new(),
-                })?;
+                };
+                run.write_point(&key(name, bs), [&row])?;
                 bar.inc(1);
             }
         }

@@ -14,8 +14,9 @@ use super::grid::{dropless, Layer, MoeGrid};
 use crate::error::{HarnessError, Result};
 use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, spread, ExpRequest, RunFiles};
+use crate::run_files::{spread, ExpRequest, RunFiles};
 use crate::spec::parse_set;
+use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats, KernelError};
 use moe_kernels::cuda::experts::DeviceExperts;
@@ -214,10 +215,23 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     )?;
     crate::registry::require_variant_devices(names, opts.device)?;
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
-    let bar = progress_bar(mgrid.points() * variants.len());
+    let bar = run.progress_bar(mgrid.points() * variants.len());
     let mut flusher = CacheFlusher::new();
     let mut failures = 0;
     for (li, layer) in mgrid.layers().iter().enumerate() {
+        // A point is a layer (shape and skew): every convention and variant runs on its
+        // weights and tokens.
+        let key = PointKey::of(&[
+            ("experts", &layer.experts),
+            ("tokens", &layer.tokens),
+            ("d_model", &layer.d_model),
+            ("d_ff", &layer.d_ff),
+            ("skew", &layer.skew),
+        ]);
+        if !run.owns(&key) {
+            continue;
+        }
+        let mut rows = vec![];
         let conventions = mgrid.conventions(layer);
         let seed = derive_seed(opts.seed, li as u64);
         bar.set_message(format!(
@@ -295,10 +309,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 if crate::run_files::counts_as_failure(&row.head.status, &row.note) {
                     failures += 1;
                 }
-                run.writer.write(&row)?;
+                rows.push(row);
                 bar.inc(1);
             }
         }
+        run.write_point(&key, &rows)?;
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, render)

@@ -15,8 +15,9 @@ use crate::error::{HarnessError, Result};
 use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::peer::Peer;
 use crate::roofline::Roofline;
-use crate::run_files::{counts_as_failure, progress_bar, spread, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{counts_as_failure, spread, ExpRequest, GridValues, RunFiles};
 use crate::spec::Limits;
+use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats, KernelError};
 use quant_kernels::{
@@ -117,6 +118,16 @@ impl QuantGrid {
     }
 }
 
+/// A (shape, weights, batch) point's key: its rows are timed together; batch 0 is the
+/// quantiser rows of the (shape, weights) pair (timed beside a quantiser peer).
+fn point_key(rows: usize, cols: usize, dist: &WeightDist, batch: usize) -> PointKey {
+    PointKey::of(&[
+        ("shape", &format!("{rows}x{cols}")),
+        ("weights", &dist.name()),
+        ("batch", &batch),
+    ])
+}
+
 /// f64 products of the original f32 weights' `rows` with every activation vector.
 fn dense_reference(w: &[f32], cols: usize, x: &[f32], batch: usize, rows: &[usize]) -> Vec<f64> {
     let mut out = Vec::with_capacity(batch * rows.len());
@@ -153,16 +164,24 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
     let mut peers = QuantPeers::start(req, &run.run_id)?;
-    let bar = progress_bar(
+    let bar = run.progress_bar(
         qgrid.rows(&variants) + peers.rows(&qgrid.formats, qgrid.pairs(), qgrid.batches()),
     );
     let mut flusher = CacheFlusher::new();
+    let run_id = run.run_id.clone();
     let mut failures = 0;
     for (si, &(rows, cols)) in qgrid.shapes.iter().enumerate() {
         for (di, dist) in qgrid.dists.iter().enumerate() {
+            let key = |batch: usize| point_key(rows, cols, dist, batch);
+            // Batch 0: the quantiser rows, a point of their own when a peer quantises.
+            let quantizer_point = peers.quantizes().then_some(0);
+            let batches = quantizer_point.iter().chain(&qgrid.batches);
+            if !batches.map(|&b| run.owns(&key(b))).any(|o| o) {
+                continue;
+            }
             let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
             let base = RowBase {
-                run_id: &run.run_id,
+                run_id: &run_id,
                 exp: &spec.name,
                 device: opts.device.to_string(),
                 seed,
@@ -193,16 +212,20 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 });
             }
             peers.new_weights(&w, (rows, cols), (si, di))?;
-            if peers.quantizes() {
+            if peers.quantizes() && run.owns(&key(0)) {
                 bar.set_message(format!("quantising {rows}x{cols} beside the peers"));
                 let timing = (reps, &spec.limits, &mut flusher);
-                for row in peers.quantize_rows(&base, &w, &stored, timing)? {
+                let rows = peers.quantize_rows(&base, &w, &stored, timing)?;
+                for row in &rows {
                     failures += usize::from(counts_as_failure(&row.head.status, &row.note));
-                    run.writer.write(&row)?;
                     bar.inc(1);
                 }
+                run.write_point(&key(0), &rows)?;
             }
             for &batch in &qgrid.batches {
+                if !run.owns(&key(batch)) {
+                    continue;
+                }
                 let x = normal_buffer_par(
                     derive_seed(seed, 1000 + batch as u64),
                     DType::F32,
@@ -268,9 +291,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     if counts_as_failure(&row.head.status, &row.note) {
                         failures += 1;
                     }
-                    run.writer.write(row)?;
                     bar.inc(1);
                 }
+                run.write_point(&key(batch), point.iter().map(|(row, _)| row))?;
             }
         }
     }

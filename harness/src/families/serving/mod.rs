@@ -11,8 +11,9 @@ use crate::family::{listed, one_of, ExpFamily, Family};
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use models::serve::workload::Workload;
 use models::{load, BatchingMode, Engine, Finished, LoadOptions, SchedulerConfig};
 use serde::{Deserialize, Serialize};
@@ -196,8 +197,17 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         loaded.push((name, model));
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
-    let bar = progress_bar(model_names.len() * (1 + modes.len() * loads.len()));
+    let bar = run.progress_bar(model_names.len() * (1 + modes.len() * loads.len()));
     for (name, model) in &loaded {
+        let key = |load: f64, mode: &str| {
+            PointKey::of(&[("model", name), ("load", &load), ("mode", &mode)])
+        };
+        let mut keys = loads
+            .iter()
+            .flat_map(|&load| modes.iter().map(move |(mode, _)| (load, mode)));
+        if !keys.any(|(load, mode)| run.owns(&key(load, mode))) {
+            continue;
+        }
         let serve = |mode, rate: f64| -> Result<(Engine, f64)> {
             let mut e = Engine::new(model, cfg(mode))?;
             e.submit(workload(rate, model.cfg.vocab).requests())?;
@@ -216,6 +226,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         bar.inc(1);
         for &load in &loads {
             for (label, mode) in &modes {
+                if !run.owns(&key(load, label)) {
+                    continue;
+                }
                 bar.set_message(format!("{name} {label} load {load}"));
                 let rate = load * capacity;
                 let (e, busy) = serve(*mode, rate)?;
@@ -226,7 +239,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     .iter()
                     .map(|st| st.seconds * (st.running as f64))
                     .sum();
-                run.writer.write(&Row {
+                let row = Row {
                     head: Head {
                         status: if s.makespan > 0.0 { "ok" } else { "fail" }.into(),
                         ..Head::new(
@@ -260,7 +273,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         busy_s: busy,
                     },
                     note: String::new(),
-                })?;
+                };
+                run.write_point(&key(load, label), [&row])?;
                 bar.inc(1);
             }
         }

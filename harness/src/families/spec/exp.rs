@@ -11,8 +11,9 @@ use crate::model_source::resolve_model;
 use crate::provenance::Provenance;
 use crate::render::{report, Rendered};
 use crate::row::{Head, Row};
-use crate::run_files::{progress_bar, ExpRequest, GridValues, RunFiles};
+use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
+use crate::sweep::PointKey;
 use models::spec::driver::{generate, generate_plain, SpecConfig};
 use models::{load, LoadOptions, SamplerConfig};
 use serde::{Deserialize, Serialize};
@@ -145,8 +146,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         }
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
-    let bar =
-        progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
+    let bar = run
+        .progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
     let mut failures = 0;
     for (d, temp, drafter) in &mut drafters_at {
         let (d, temp) = (*d, *temp);
@@ -157,6 +158,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             seed: opts.seed,
         };
         for (p, ids) in &encoded {
+            let key = PointKey::of(&[("drafter", d), ("temperature", &temp), ("prompt", p)]);
+            if !run.owns(&key) {
+                continue;
+            }
+            let mut rows = vec![];
             bar.set_message(format!("{d} T={temp} {p}: plain"));
             let t0 = Instant::now();
             let plain = generate_plain(target, ids, max_new, None, sampler)?;
@@ -178,7 +184,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 let st = &out.stats;
                 let ok = temp > 0.0 || out.tokens == plain;
                 failures += usize::from(!ok);
-                run.writer.write(&Row {
+                rows.push(Row {
                     head: Head {
                         status: if ok { "ok" } else { "fail" }.into(),
                         ..Head::new(
@@ -214,9 +220,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         draft_share: st.draft_s / (st.draft_s + st.verify_s).max(1e-12),
                     },
                     note: String::new(),
-                })?;
+                });
                 bar.inc(1);
             }
+            run.write_point(&key, &rows)?;
         }
     }
     bar.finish_and_clear();
