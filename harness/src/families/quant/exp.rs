@@ -175,8 +175,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             let key = |batch: usize| point_key(rows, cols, dist, batch);
             // Batch 0: the quantiser rows, a point of their own when a peer quantises.
             let quantizer_point = peers.quantizes().then_some(0);
-            let batches = quantizer_point.iter().chain(&qgrid.batches);
-            if !batches.map(|&b| run.owns(&key(b))).any(|o| o) {
+            let mut batches = quantizer_point.iter().chain(&qgrid.batches);
+            if !batches.any(|&b| run.owns(&key(b))) {
                 continue;
             }
             let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
