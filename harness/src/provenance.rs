@@ -42,6 +42,10 @@ pub struct Provenance {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub rows: usize,
+    /// Files the run read that its numbers depend on (texts, model files), with their
+    /// sha256: `text gpl3` → `sha256:…`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub inputs: std::collections::BTreeMap<String, String>,
     /// Set on a shard of a sweep (`harness exp --shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<ShardRecord>,
@@ -189,6 +193,7 @@ impl Provenance {
             started_at: machine::now_rfc3339(),
             finished_at: None,
             rows: 0,
+            inputs: Default::default(),
             sweep: None,
             merged: None,
         }

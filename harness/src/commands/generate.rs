@@ -105,6 +105,7 @@ impl GenerateArgs {
                 .transpose()?,
             capacity: moe_kernels::parse_capacity(&self.capacity)?,
             matmul: crate::registry::quant_variant(&self.matmul)?.1,
+            ..LoadOptions::default()
         })
     }
 
