@@ -21,6 +21,20 @@ pub enum HarnessError {
 }
 
 impl HarnessError {
+    /// The message as the one line `main` prints: control characters that came from an input
+    /// (a key, a tensor name or a value that holds a newline) are escaped, not printed.
+    pub fn one_line(&self) -> String {
+        let mut line = String::new();
+        for c in self.to_string().chars() {
+            if c.is_control() {
+                line.extend(c.escape_default());
+            } else {
+                line.push(c);
+            }
+        }
+        line
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
         let context = context.into();

@@ -388,7 +388,7 @@ fn main() {
     let code = match run(parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", e.one_line());
             2
         }
     };
