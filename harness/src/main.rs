@@ -372,13 +372,10 @@ fn parse() -> Cli {
             e.exit()
         }
         Err(e) => {
-            let text = e.to_string();
-            let first = text
-                .lines()
-                .next()
-                .unwrap_or("bad command line")
-                .trim_start_matches("error: ");
-            eprintln!("error: {first} (see harness --help)");
+            eprintln!(
+                "error: {} (see harness --help)",
+                harness::error::clap_line(&e)
+            );
             std::process::exit(2);
         }
     }

@@ -437,6 +437,24 @@ fn prompts_that_are_not_utf8_and_bad_ids_are_one_line() {
         ]),
         "exceed the model's context",
     );
+    // A refusal that quotes a value holding a newline or a carriage return is still one line.
+    one_line_exit_2(
+        &generate(&[
+            "--model",
+            "tiny-gqa",
+            "--prompt-ids",
+            "1",
+            "--spec-draft",
+            "ngram",
+            "--spec-tree",
+            "chain\n:4",
+        ]),
+        "tree shape 'chain\\n:4'",
+    );
+    one_line_exit_2(
+        &generate(&["--model", "tiny-gqa", "--prompt-ids", "1\r"]),
+        "invalid value '1\\r'",
+    );
 }
 
 /// SmolLM2 with `edit` applied to its header bytes, in `dir`.
@@ -503,5 +521,19 @@ fn smollm2_with_a_few_header_bytes_changed_is_one_line_not_a_panic() {
         ]);
         one_line_exit_2(&out, needle);
         one_line_exit_2(&out, name);
+    }
+}
+
+#[test]
+fn a_prompt_smollm2_has_no_tokens_for_is_refused_not_shortened() {
+    // SmolLM2's byte-level vocabulary lacks 21 of the 256 bytes (control characters such as
+    // U+0004, lead bytes of characters above U+3FFFF): such a prompt lost them silently.
+    let Some(m) = model() else { return };
+    for (prompt, needle) in [
+        ("a\u{4}b", "U+0004) at byte 1"),
+        ("x \u{40000}", "U+40000) at byte 2"),
+    ] {
+        let out = generate(&["--model", m.to_str().unwrap(), "--prompt", prompt]);
+        one_line_exit_2(&out, needle);
     }
 }

@@ -4,8 +4,8 @@
 //! ± a little, ...), decimal numbers in text replaced by boundary values, truncation, and
 //! deletion, insertion and duplication of ranges — as proptest strategies (so a failure is
 //! shrunk to a few edits), and `fuzz`, which holds a parser to the contract: no panic, a
-//! refusal of one line naming the problem, and a peak heap during the parse bounded by the
-//! input's size (measured by the harness's counting allocator, `harness::alloc`). It prints a
+//! refusal naming the problem (on the one line `harness::error::one_line` makes of it, as the
+//! CLI prints it), and a peak heap during the parse bounded by the input's size (measured by the harness's counting allocator, `harness::alloc`). It prints a
 //! tally per parser: cases, accepted, refused, the largest peak and the commonest refusals.
 //! CI runs `cases(n)` cases per parser; `WORKBENCH_FUZZ_CASES` sets a longer run and
 //! `WORKBENCH_FUZZ_SEED` another deterministic seed.
@@ -126,21 +126,32 @@ fn at(i: &Index, region: &Range<usize>, len: usize) -> usize {
     lo + i.index(hi - lo)
 }
 
-/// `seed` with `edits` applied, each landing inside `region`.
-pub fn apply(seed: &[u8], region: &Range<usize>, edits: &[Edit]) -> Vec<u8> {
+/// `seed` with `edits` applied, each landing inside `region`. In `text`, bytes written are
+/// ASCII and integers are written as decimal numbers, so most inputs stay UTF-8 and reach
+/// the parser behind the decoding.
+pub fn apply(seed: &[u8], region: &Range<usize>, edits: &[Edit], text: bool) -> Vec<u8> {
     let mut b = seed.to_vec();
+    let byte = |v: u8| if text { v & 0x7f } else { v };
     for e in edits {
         let len = b.len();
         match e {
             Edit::FlipBit(i, bit) => {
                 if let Some(x) = b.get_mut(at(i, region, len)) {
-                    *x ^= 1 << bit;
+                    *x ^= 1 << if text { bit % 7 } else { *bit };
                 }
             }
             Edit::SetByte(i, v) => {
                 if let Some(x) = b.get_mut(at(i, region, len)) {
-                    *x = *v;
+                    *x = byte(*v);
                 }
+            }
+            Edit::Int(i, _, value) if text => {
+                let v = match *value {
+                    Boundary::Fixed(v) => v.to_string(),
+                    Boundary::FromEnd(d) => d.to_string(),
+                };
+                let p = at(i, region, len);
+                b.splice(p..p, v.bytes());
             }
             Edit::Int(i, width, value) => {
                 let v = match *value {
@@ -165,7 +176,7 @@ pub fn apply(seed: &[u8], region: &Range<usize>, edits: &[Edit]) -> Vec<u8> {
             }
             Edit::Insert(i, bytes) => {
                 let p = at(i, region, len);
-                b.splice(p..p, bytes.iter().copied());
+                b.splice(p..p, bytes.iter().map(|&v| byte(v)));
             }
             Edit::Duplicate(from, n, to) => {
                 let f = at(from, region, len);
@@ -197,35 +208,101 @@ fn digit_runs(b: &[u8], region: &Range<usize>) -> Vec<Range<usize>> {
     runs
 }
 
-/// A seed: its name, bytes, and the region the edits land in.
+/// A seed: its name, bytes, the region the edits land in, and whether it is text.
 #[derive(Debug, Clone)]
 pub struct Seed {
     pub name: String,
     pub bytes: Vec<u8>,
     pub region: Range<usize>,
+    pub text: bool,
 }
 
 impl Seed {
-    /// A seed whose edits land anywhere.
-    pub fn whole(name: impl Into<String>, bytes: Vec<u8>) -> Seed {
-        let region = 0..bytes.len();
+    /// A binary seed whose edits land in `region`.
+    pub fn binary(name: impl Into<String>, bytes: Vec<u8>, region: Range<usize>) -> Seed {
         Seed {
             name: name.into(),
             bytes,
             region,
+            text: false,
+        }
+    }
+
+    /// A binary seed whose edits land anywhere.
+    pub fn whole(name: impl Into<String>, bytes: Vec<u8>) -> Seed {
+        let region = 0..bytes.len();
+        Seed::binary(name, bytes, region)
+    }
+
+    /// A safetensors file three ways: binary edits in its header (the length and the JSON),
+    /// text edits in its JSON (names, dtypes, shapes, offsets as decimal boundaries), and
+    /// binary edits anywhere (the tensor bytes too).
+    pub fn safetensors(name: &str, bytes: Vec<u8>) -> Vec<Seed> {
+        let header = bytes
+            .get(..8)
+            .map_or(0, |b| {
+                u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize + 8
+            })
+            .min(bytes.len());
+        vec![
+            Seed::binary(format!("{name} header"), bytes.clone(), 0..header),
+            Seed {
+                text: true,
+                ..Seed::binary(format!("{name} JSON"), bytes.clone(), 8..header)
+            },
+            Seed::whole(name, bytes),
+        ]
+    }
+
+    /// A text seed (JSON, TOML, a command-line value): edits land anywhere and keep it ASCII.
+    pub fn text(name: impl Into<String>, bytes: Vec<u8>) -> Seed {
+        Seed {
+            text: true,
+            ..Seed::whole(name, bytes)
         }
     }
 }
 
-/// A mutated input: which seed (index into the list) and its bytes. One case in eight is the
-/// seed itself, so the accepting paths run too.
-pub fn mutated(seeds: &[Seed]) -> impl Strategy<Value = (usize, Vec<u8>)> {
+/// A mutated input: which seed (index into the list), its edits and the bytes they give.
+#[derive(Clone)]
+pub struct Case {
+    pub seed: usize,
+    pub edits: Vec<Edit>,
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Case {
+    /// The seed and the edits (what reproduces it), and the start of the bytes as text.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = &self.bytes[..self.bytes.len().min(600)];
+        write!(
+            f,
+            "seed {} with edits {:?}: {} bytes, starting \"{}\"",
+            self.seed,
+            self.edits,
+            self.bytes.len(),
+            shown.escape_ascii()
+        )
+    }
+}
+
+/// Mutated inputs of `seeds`. One case in eight is a seed itself, so the accepting paths run
+/// too.
+pub fn mutated(seeds: &[Seed]) -> impl Strategy<Value = Case> {
     let seeds = seeds.to_vec();
     (
         0..seeds.len(),
         prop_oneof![1 => Just(vec![]), 7 => proptest::collection::vec(edit(), 1..8)],
     )
-        .prop_map(move |(s, edits)| (s, apply(&seeds[s].bytes, &seeds[s].region, &edits)))
+        .prop_map(move |(s, edits)| {
+            let seed = &seeds[s];
+            let bytes = apply(&seed.bytes, &seed.region, &edits, seed.text);
+            Case {
+                seed: s,
+                edits,
+                bytes,
+            }
+        })
 }
 
 /// What the parser made of an input: accepted, or refused with this message.
@@ -262,7 +339,7 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Runs `parse` on `cases` inputs from `strategy` under the contract: no panic, a refusal is
-/// one non-empty line that `names` accepts, and the heap peak stays within `bound` of
+/// a non-empty line that `names` accepts (given the input), and the heap peak stays within `bound` of
 /// `size(input)`. Prints the tally and returns it; panics with the shrunk input on a breach.
 /// The caller holds `exclusive()` (from before it reads its seeds).
 pub fn fuzz<S: Strategy>(
@@ -271,7 +348,7 @@ pub fn fuzz<S: Strategy>(
     strategy: S,
     size: impl Fn(&S::Value) -> usize,
     bound: Bound,
-    names: impl Fn(&str) -> bool,
+    names: impl Fn(&S::Value, &str) -> bool,
     parse: impl Fn(&S::Value) -> Outcome,
 ) -> Tally
 where
@@ -316,12 +393,13 @@ where
             Ok(()) => t.accepted += 1,
             Err(message) => {
                 t.refused += 1;
-                if message.trim().is_empty() || message.contains(['\n', '\r']) {
-                    return Err(TestCaseError::fail(format!(
-                        "{parser}: the refusal is not one line: {message:?}"
-                    )));
+                // What stderr shows: the harness prints a refusal through `one_line`, which
+                // escapes the control characters a quoted input may hold.
+                let message = harness::error::one_line(&message);
+                if message.trim().is_empty() {
+                    return Err(TestCaseError::fail(format!("{parser}: an empty refusal")));
                 }
-                if !names(&message) {
+                if !names(&input, &message) {
                     return Err(TestCaseError::fail(format!(
                         "{parser}: the refusal does not name its input: {message}"
                     )));
@@ -398,4 +476,26 @@ pub fn workspace_file(path: &str) -> Option<Vec<u8>> {
             None
         }
     }
+}
+
+/// GPT-2's byte-to-character map, byte-level BPE's alphabet: the character of byte `b` is
+/// entry `b`.
+pub fn gpt2_byte_chars() -> Vec<char> {
+    let printable: Vec<u32> = (b'!'..=b'~')
+        .chain(0xa1..=0xac)
+        .chain(0xae..=0xff)
+        .map(u32::from)
+        .collect();
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            let c = if printable.contains(&b) {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            char::from_u32(c).expect("a char")
+        })
+        .collect()
 }

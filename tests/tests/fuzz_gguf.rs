@@ -11,7 +11,7 @@ use models::model::gguf::Gguf;
 use models::{load_gguf, LoadOptions, Session};
 use quant_kernels::{QuantMatrix, WeightFormat};
 use std::path::Path;
-use workbench_tests::fuzz::{cases, exclusive, fuzz, mutated, Bound, Seed};
+use workbench_tests::fuzz::{cases, exclusive, fuzz, gpt2_byte_chars, mutated, Bound, Seed};
 
 const SMOLLM2: &str = "models/cache/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -97,33 +97,12 @@ impl Writer {
     }
 }
 
-/// GPT-2's byte-to-character map (byte-level BPE's alphabet).
-fn byte_chars() -> Vec<String> {
-    let printable: Vec<u32> = (b'!'..=b'~')
-        .chain(0xa1..=0xac)
-        .chain(0xae..=0xff)
-        .map(u32::from)
-        .collect();
-    let mut extra = 0;
-    (0u32..256)
-        .map(|b| {
-            let c = if printable.contains(&b) {
-                b
-            } else {
-                extra += 1;
-                255 + extra
-            };
-            char::from_u32(c).expect("a char").to_string()
-        })
-        .collect()
-}
-
 /// A complete small llama GGUF shaped like SmolLM2's (its metadata keys, interleaved RoPE,
 /// a tied head): 1 layer, d_model 64, 4 heads over 2 KV heads, and a byte-level vocabulary
 /// with a few merges. Returns the bytes and where the header ends.
 fn small_llama() -> (Vec<u8>, usize) {
     let mut tokens = vec!["<|endoftext|>".to_string(), "<|im_start|>".into()];
-    tokens.extend(byte_chars());
+    tokens.extend(gpt2_byte_chars().iter().map(|c| c.to_string()));
     let merges = ["Ġ t", "h e", "Ġt he", "i n", "e r", "1 2"];
     for m in merges {
         tokens.push(m.replace(' ', ""));
@@ -221,8 +200,8 @@ fn read_all(path: &Path, bytes: &[u8]) -> models::model::llama::Result<()> {
 }
 
 /// Refusals name the file.
-fn names_file(path: &Path) -> impl Fn(&str) -> bool + '_ {
-    move |m: &str| m.contains(&path.display().to_string())
+fn names_file<T>(path: &Path) -> impl Fn(&T, &str) -> bool + '_ {
+    move |_: &T, m: &str| m.contains(&path.display().to_string())
 }
 
 /// Peak heap within 64 × the file plus 16 MiB (a model built from the file holds its weights
@@ -245,21 +224,17 @@ fn mutated_small_llama_ggufs_load_or_name_the_problem() {
     let path = Path::new("fuzz/small-llama.gguf");
     let (bytes, header) = small_llama();
     let seeds = [
-        Seed {
-            name: "small llama header".into(),
-            region: 0..header,
-            bytes: bytes.clone(),
-        },
+        Seed::binary("small llama header", bytes.clone(), 0..header),
         Seed::whole("small llama", bytes),
     ];
     fuzz(
         "gguf load + generate (small llama)",
         cases(3000),
         mutated(&seeds),
-        |(_, b)| b.len(),
+        |c| c.bytes.len(),
         BOUND,
         names_file(path),
-        |(_, b)| generate_once(path, b).map_err(|e| e.to_string()),
+        |c| generate_once(path, &c.bytes).map_err(|e| e.to_string()),
     );
 }
 
@@ -277,30 +252,18 @@ fn mutated_smollm2_headers_parse_or_name_the_problem() {
     let bytes = file[..data_start + (64 << 10)].to_vec();
     let infos = data_start - 16_200..data_start;
     let seeds = [
-        Seed {
-            name: "scalar metadata".into(),
-            region: 0..4096,
-            bytes: bytes.clone(),
-        },
-        Seed {
-            name: "tensor infos".into(),
-            region: infos,
-            bytes: bytes.clone(),
-        },
-        Seed {
-            name: "whole header".into(),
-            region: 0..data_start,
-            bytes,
-        },
+        Seed::binary("scalar metadata", bytes.clone(), 0..4096),
+        Seed::binary("tensor infos", bytes.clone(), infos),
+        Seed::binary("whole header", bytes, 0..data_start),
     ];
     fuzz(
         "gguf header (SmolLM2)",
         cases(600),
         mutated(&seeds),
-        |(_, b)| b.len(),
+        |c| c.bytes.len(),
         BOUND,
         names_file(path),
-        |(_, b)| read_all(path, b).map_err(|e| e.to_string()),
+        |c| read_all(path, &c.bytes).map_err(|e| e.to_string()),
     );
 }
 
