@@ -85,10 +85,10 @@ impl Provenance {
         }
     }
 
-    /// Writes (or rewrites) the JSON file.
+    /// Writes (or rewrites) the JSON file, atomically: a reader or a killed run sees the
+    /// previous version or this one.
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
-            .map_err(HarnessError::io(format!("writing {}", path.display())))
+        crate::atomic::write(path, serde_json::to_string_pretty(self)? + "\n")
     }
 
     /// Reads a provenance file.

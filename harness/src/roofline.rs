@@ -236,8 +236,7 @@ pub fn store(results: &Path, roof: &Roofline) -> Result<PathBuf> {
     let p = path(results);
     std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
         .map_err(HarnessError::io("creating results/roofline"))?;
-    std::fs::write(&p, serde_json::to_string_pretty(roof)? + "\n")
-        .map_err(HarnessError::io(format!("writing {}", p.display())))?;
+    crate::atomic::write(&p, serde_json::to_string_pretty(roof)? + "\n")?;
     Ok(p)
 }
 
@@ -336,8 +335,7 @@ pub fn measure_cuda_and_record(results: &Path, ordinal: usize) -> Result<(Roofli
     };
     std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
         .map_err(HarnessError::io("creating results/roofline"))?;
-    std::fs::write(&p, serde_json::to_string_pretty(&best)? + "\n")
-        .map_err(HarnessError::io(format!("writing {}", p.display())))?;
+    crate::atomic::write(&p, serde_json::to_string_pretty(&best)? + "\n")?;
     Ok((fresh, p))
 }
 
