@@ -2,7 +2,10 @@
 //! greedy output token for token for every drafter (another preset, the target's own weights
 //! in q8_0, n-gram lookup) and tree shape, adaptive or not; a tree pass scores each node as a
 //! plain pass over its root-to-node path would; sampled speculation leaves the target's
-//! distribution unchanged (chi-square on a vocabulary-8 preset); bad configurations are errors.
+//! distribution unchanged (chi-square on a vocabulary-8 preset: the first two tokens with a
+//! one-level tree, the first three with trees two and three deep — static 2,2,1 and dynamic —
+//! under top-k 3); bad configurations are errors. (The planted wrong draft distributions that
+//! the same deep-tree test rejects are in `kernels/spec/tests/verify.rs`.)
 
 use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::spec::driver::{generate, generate_plain, SpecConfig};
@@ -208,6 +211,83 @@ fn sampled_speculation_keeps_the_target_distribution() {
         chi2 < dof + 4.5 * (2.0 * dof).sqrt(),
         "chi2 {chi2:.1} over {cells} cells"
     );
+}
+
+#[test]
+fn sampled_speculation_through_deep_trees_keeps_the_joint_of_three_tokens() {
+    // The driver's own trees (its children drawn independently from the drafter, dynamic
+    // trees grown by path probability): the first three tokens against the target's
+    // p(a)·p(b | a)·p(c | a, b), with top-k 3 so that 27 cells hold all the mass.
+    let target = model("micro", None);
+    let prompt = [1u32, 5, 2, 7, 3];
+    let t = |seed| SamplerConfig {
+        temperature: 1.0,
+        top_k: 3,
+        top_p: 1.0,
+        seed,
+    };
+    let sampler = models::Sampler::new(t(0)).unwrap();
+    let after = |extra: &[u32]| -> Vec<f64> {
+        let mut s = Session::new(&target, 16, 16).unwrap();
+        let mut logits = s.forward(&prompt).unwrap();
+        for &x in extra {
+            logits = s.forward(&[x]).unwrap();
+        }
+        sampler.probs(&logits).into_iter().map(f64::from).collect()
+    };
+    let mut expected = vec![0.0f64; 512];
+    let p1 = after(&[]);
+    for a in 0..8 {
+        if p1[a] == 0.0 {
+            continue;
+        }
+        let p2 = after(&[a as u32]);
+        for b in 0..8 {
+            if p2[b] == 0.0 {
+                continue;
+            }
+            let p3 = after(&[a as u32, b as u32]);
+            for c in 0..8 {
+                expected[(a * 8 + b) * 8 + c] = p1[a] * p2[b] * p3[c];
+            }
+        }
+    }
+    // One thread: the test measures a distribution, and a spinning team on a busy machine
+    // only makes it slower.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for shape in ["static:2,2,1", "dynamic:6"] {
+        let mut drafter =
+            ModelDrafter::new(model("micro-draft", None), "micro-draft", 64, t(0)).unwrap();
+        let n = 4000u64;
+        let mut counts = vec![0u64; 512];
+        let mut deep = 0;
+        pool.install(|| {
+            for seed in 0..n {
+                let out = generate(
+                    &target,
+                    &mut drafter,
+                    &prompt,
+                    3,
+                    None,
+                    &cfg(shape, false, t(seed)),
+                )
+                .unwrap();
+                let c = &out.tokens;
+                counts[(c[0] as usize * 8 + c[1] as usize) * 8 + c[2] as usize] += 1;
+                deep += (out.stats.accepted >= 2) as usize;
+            }
+        });
+        let fit = kernel_test_support::stats::chi_square(&counts, &expected);
+        println!(
+            "{shape}: chi2 {:.1} over {} dof, p = {:.3}; {deep} of {n} runs accepted 2 drafts",
+            fit.statistic, fit.dof, fit.p_value
+        );
+        assert!(fit.p_value > 1e-3, "{shape}: {fit:?}");
+        assert!(deep > 0, "{shape}: no run accepted two drafts in a row");
+    }
 }
 
 #[test]
