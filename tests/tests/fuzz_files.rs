@@ -101,9 +101,11 @@ fn open_and_step(dir: &Path) -> models::model::llama::Result<()> {
     let ckpt = HfCheckpoint::open(dir)?;
     let model = ckpt.build(&LoadOptions::default())?;
     ckpt.tokenizer()?;
+    // The prompt `harness generate` would accept: ids in the vocabulary, within the context.
     let ids: Vec<u32> = [1u32, 2, 3]
         .into_iter()
         .filter(|&t| (t as usize) < model.cfg.vocab)
+        .take(model.cfg.context)
         .collect();
     if !ids.is_empty() {
         Session::new(&model, ids.len(), 4)?.forward(&ids)?;
