@@ -457,60 +457,47 @@ fn prompts_that_are_not_utf8_and_bad_ids_are_one_line() {
     );
 }
 
-/// SmolLM2 with `edit` applied to its header bytes, in `dir`.
-fn damaged(dir: &TempDir, name: &str, edit: impl Fn(&mut Vec<u8>)) -> Option<PathBuf> {
-    let mut bytes = std::fs::read(model()?).unwrap();
-    edit(&mut bytes);
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    Some(p)
-}
-
 #[test]
 fn smollm2_with_a_few_header_bytes_changed_is_one_line_not_a_panic() {
     // Each of these panicked (exit 101) or, for the wrapped offset, generated from the wrong
     // bytes before the reader checked its arithmetic.
+    let Some(m) = model() else { return };
+    let original = std::fs::read(m).unwrap();
     let dir = TempDir::new("generate", "damaged-gguf");
-    let at = |b: &[u8], needle: &[u8]| b.windows(needle.len()).position(|w| w == needle).unwrap();
-    let set =
-        |b: &mut Vec<u8>, pos: usize, v: u64| b[pos..pos + 8].copy_from_slice(&v.to_le_bytes());
-    let cases: [(&str, &str, Box<dyn Fn(&mut Vec<u8>)>); 4] = [
+    let name = b"token_embd.weight";
+    // token_embd.weight's info: name, dimension count (4 bytes), 2 dims, type (4), offset.
+    let dims = original
+        .windows(name.len())
+        .position(|w| w == name)
+        .unwrap()
+        + name.len()
+        + 4;
+    let offset = dims + 16 + 4;
+    for (file, needle, at, value) in [
         // The first key's length: 2^64 − 8, which wrapped the reader's bounds check.
         (
             "key-length.gguf",
             "truncated: metadata key 0",
-            Box::new(move |b| set(b, 24, u64::MAX - 7)),
+            24,
+            u64::MAX - 7,
         ),
         // token_embd.weight's first dimension near 2^64.
-        (
-            "dims.gguf",
-            "lies beyond the file",
-            Box::new(move |b| {
-                let p = at(b, b"token_embd.weight") + 17 + 4;
-                set(b, p, u64::MAX - 31);
-            }),
-        ),
-        // token_embd.weight's offset 16 bytes short of 2^64: start + offset wrapped into the
-        // header, which loaded as weights.
-        (
-            "offset.gguf",
-            "lies beyond the file",
-            Box::new(move |b| {
-                let p = at(b, b"token_embd.weight") + 17 + 4 + 16 + 4;
-                set(b, p, u64::MAX - 15);
-            }),
-        ),
+        ("dims.gguf", "lies beyond the file", dims, u64::MAX - 31),
+        // Its offset 16 bytes short of 2^64: start + offset wrapped into the header, which
+        // loaded as weights.
+        ("offset.gguf", "lies beyond the file", offset, u64::MAX - 15),
         // The tensor count: 2^60.
         (
             "tensors.gguf",
             "claims 1152921504606846976 tensors",
-            Box::new(move |b| set(b, 8, 1 << 60)),
+            8,
+            1 << 60,
         ),
-    ];
-    for (name, needle, edit) in cases {
-        let Some(p) = damaged(&dir, name, edit) else {
-            return;
-        };
+    ] {
+        let mut bytes = original.clone();
+        bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        let p = dir.join(file);
+        std::fs::write(&p, bytes).unwrap();
         let out = generate(&[
             "--model",
             p.to_str().unwrap(),
@@ -520,7 +507,7 @@ fn smollm2_with_a_few_header_bytes_changed_is_one_line_not_a_panic() {
             "2",
         ]);
         one_line_exit_2(&out, needle);
-        one_line_exit_2(&out, name);
+        one_line_exit_2(&out, file);
     }
 }
 

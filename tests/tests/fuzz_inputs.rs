@@ -84,7 +84,9 @@ fn set_values_apply_or_name_the_problem() {
         |c| {
             let set = parse_set(utf8(c)?).map_err(|e| e.to_string())?;
             for (spec, family) in &specs {
-                let Ok(grid) = spec.resolve_grid(family.grid_keys, false, &[set.clone()]) else {
+                let Ok(grid) =
+                    spec.resolve_grid(family.grid_keys, false, std::slice::from_ref(&set))
+                else {
                     continue; // a key of another family
                 };
                 let values = GridValues(&grid);
