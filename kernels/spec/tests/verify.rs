@@ -16,40 +16,32 @@ use spec_kernels::{verify_greedy, verify_stochastic, DraftTree, Proposal};
 
 const V: usize = 6;
 
+/// One draw from the distribution `d`.
+fn sample(r: &mut StdRng, d: &[f32]) -> u32 {
+    let mut u: f32 = r.gen();
+    for (i, &x) in d.iter().enumerate() {
+        if u < x {
+            return i as u32;
+        }
+        u -= x;
+    }
+    (d.len() - 1) as u32
+}
+
+fn probs(p: &[f32]) -> Vec<f64> {
+    p.iter().map(|&x| x as f64).collect()
+}
+
 fn normalise(v: Vec<f32>) -> Vec<f32> {
     let s: f32 = v.iter().sum();
     v.into_iter().map(|x| x / s).collect()
 }
 
-/// Chi-square statistic of `counts` against probabilities `p`.
-fn chi2(counts: &[usize], p: &[f32]) -> f64 {
-    let n: usize = counts.iter().sum();
-    counts
-        .iter()
-        .zip(p)
-        .filter(|(_, &pi)| pi > 0.0)
-        .map(|(&c, &pi)| {
-            let e = n as f64 * pi as f64;
-            (c as f64 - e).powi(2) / e
-        })
-        .sum()
-}
-
 /// Draws `n` verifications of a root with `k` children and returns the counts of the first
 /// emitted token.
-fn first_tokens(p: &[f32], q: &[f32], k: usize, mode: &str, n: usize, seed: u64) -> Vec<usize> {
+fn first_tokens(p: &[f32], q: &[f32], k: usize, mode: &str, n: usize, seed: u64) -> Vec<u64> {
     let mut r = rng(seed);
-    let mut counts = vec![0usize; V];
-    let draw = |r: &mut rand::rngs::StdRng, d: &[f32]| -> u32 {
-        let mut u: f32 = r.gen();
-        for (i, &x) in d.iter().enumerate() {
-            if u < x {
-                return i as u32;
-            }
-            u -= x;
-        }
-        (V - 1) as u32
-    };
+    let mut counts = vec![0u64; V];
     let mut top: Vec<usize> = (0..V).collect();
     top.sort_by(|&a, &b| q[b].total_cmp(&q[a]));
     for _ in 0..n {
@@ -59,7 +51,7 @@ fn first_tokens(p: &[f32], q: &[f32], k: usize, mode: &str, n: usize, seed: u64)
             tree.push(0);
             tokens.push(match mode {
                 "deterministic" => best as u32,
-                _ => draw(&mut r, q),
+                _ => sample(&mut r, q),
             });
         }
         // Every node's target distribution is p (the first token only depends on the root's).
@@ -84,7 +76,6 @@ fn first_tokens(p: &[f32], q: &[f32], k: usize, mode: &str, n: usize, seed: u64)
 fn stochastic_verification_preserves_the_target_distribution() {
     let p = normalise(vec![0.30, 0.05, 0.25, 0.10, 0.20, 0.10]);
     let q = normalise(vec![0.05, 0.40, 0.10, 0.30, 0.05, 0.10]);
-    // 5 degrees of freedom: P(chi2 > 20.5) = 0.001.
     for (mode, k) in [
         ("sampled", 3),
         ("sampled", 1),
@@ -92,14 +83,17 @@ fn stochastic_verification_preserves_the_target_distribution() {
         ("deterministic", 1),
     ] {
         let counts = first_tokens(&p, &q, k, mode, 40_000, 17);
-        let x = chi2(&counts, &p);
-        assert!(x < 20.5, "{mode} k={k}: chi2 {x:.1}, counts {counts:?}");
+        let fit = chi_square(&counts, &probs(&p));
+        assert!(
+            fit.p_value > 1e-3,
+            "{mode} k={k}: {fit:?}, counts {counts:?}"
+        );
     }
     let counts = first_tokens(&p, &q, 3, "broken", 40_000, 17);
-    let x = chi2(&counts, &p);
+    let fit = chi_square(&counts, &probs(&p));
     assert!(
-        x > 1000.0,
-        "a verifier with the wrong q must fail: chi2 {x:.1}"
+        fit.p_value < 1e-9,
+        "a verifier with the wrong q must fail: {fit:?}"
     );
 }
 
@@ -163,17 +157,6 @@ enum Shape {
     /// EAGLE-2 as the driver grows it: per level, the 4 frontier nodes of highest path
     /// probability get 2 sampled children each, within `budget` nodes and `depth` levels.
     Dynamic { budget: usize, depth: usize },
-}
-
-fn sample(r: &mut StdRng, d: &[f32; W]) -> u32 {
-    let mut u: f32 = r.gen();
-    for (i, &x) in d.iter().enumerate() {
-        if u < x {
-            return i as u32;
-        }
-        u -= x;
-    }
-    (W - 1) as u32
 }
 
 /// What the verifier is told the sampled children were drawn from.
