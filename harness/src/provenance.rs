@@ -199,12 +199,10 @@ impl Provenance {
         }
     }
 
-    /// Writes (or rewrites) the JSON file, whole or not at all.
+    /// Writes (or rewrites) the JSON file, atomically: a reader or a killed run sees the
+    /// previous version or this one.
     pub fn write(&self, path: &Path) -> Result<()> {
-        crate::atomic_file::write(
-            path,
-            (serde_json::to_string_pretty(self)? + "\n").as_bytes(),
-        )
+        crate::atomic::write(path, serde_json::to_string_pretty(self)? + "\n")
     }
 
     /// Reads a provenance file.

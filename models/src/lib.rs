@@ -20,7 +20,7 @@ pub use model::forward::SeqChunk;
 pub use model::gguf::Gguf;
 pub use model::kv::KvPools;
 pub use model::llama::{argmax, Llama, LlamaConfig};
-pub use model::load::{load, Loaded};
+pub use model::load::{load, load_gguf, Loaded};
 pub use model::source::{LoadOptions, Proj, WeightOverride};
 pub use model::tokenizer::TextTokenizer;
 pub use serve::sampler::{Sampler, SamplerConfig};

@@ -2,6 +2,11 @@
 //! per-sequence block tables with physical blocks in any order, an append kernel that writes
 //! new K/V into the pool, paged decode attention for q_len 1..=MAX_Q_LEN, and split-KV
 //! decoding (FlashDecoding: partial results with their log-sum-exp, then a reduction).
+//!
+//! Only a sequence's own context is read: NaN in unused pool slots never reaches an output,
+//! a non-finite K or V in the context propagates as in `attention_kernels`; offsets are
+//! computed in usize from u32 block ids (and in size_t in `paged.cu`), so pools past 2^32
+//! elements address correctly.
 
 /// CUDA paged decode, split-KV reduction and append (`paged.cu`).
 pub mod cuda;
