@@ -88,6 +88,22 @@ impl RowCtx<'_> {
         budget.refuse(w.saturating_add(kv).saturating_add(acts), &what)
     }
 
+    /// The columns `phase` fixes before it is timed.
+    fn phase_cols(&self, matmul: &str, phase: &Phase) -> DecodeCols {
+        DecodeCols {
+            model: self.model.into(),
+            weights: self.weights.into(),
+            matmul: matmul.into(),
+            phase: phase.name.into(),
+            batch: phase.batch,
+            context: phase.context,
+            weight_mb: self.wbytes / 1e6,
+            kv_mb: phase.kv_bytes / 1e6,
+            bandwidth_gbs: self.bw,
+            ..DecodeCols::default()
+        }
+    }
+
     /// The row of a phase the memory guard skipped: its columns, no timing.
     pub fn skipped(&self, variant: &str, matmul: &str, phase: &Phase, note: String) -> DecodeRow {
         Row {
@@ -95,18 +111,7 @@ impl RowCtx<'_> {
                 status: "skipped".into(),
                 ..Head::new(self.run_id, self.exp, variant, &self.device, self.seed)
             },
-            cols: DecodeCols {
-                model: self.model.into(),
-                weights: self.weights.into(),
-                matmul: matmul.into(),
-                phase: phase.name.into(),
-                batch: phase.batch,
-                context: phase.context,
-                weight_mb: self.wbytes / 1e6,
-                kv_mb: phase.kv_bytes / 1e6,
-                bandwidth_gbs: self.bw,
-                ..DecodeCols::default()
-            },
+            cols: self.phase_cols(matmul, phase),
             note,
         }
     }
@@ -133,21 +138,13 @@ impl RowCtx<'_> {
                 ..Head::new(self.run_id, self.exp, variant, &self.device, self.seed)
             },
             cols: DecodeCols {
-                model: self.model.into(),
-                weights: self.weights.into(),
-                matmul: matmul.into(),
-                phase: phase.name.into(),
-                batch: phase.batch,
-                context: phase.context,
-                weight_mb: self.wbytes / 1e6,
-                kv_mb: phase.kv_bytes / 1e6,
                 tokens_per_s: phase.tokens as f64 / med,
-                bandwidth_gbs: self.bw,
                 roofline_ms: roof * 1e3,
                 pct_of_roofline: 100.0 * roof / med,
                 effective_gbs: (self.wbytes + phase.kv_bytes) / med / 1e9,
                 gflops: self.flops_token * phase.tokens as f64 / med / 1e9,
                 rel_err_vs_batch1: err,
+                ..self.phase_cols(matmul, phase)
             },
             note: String::new(),
         }
