@@ -8,6 +8,7 @@
 use crate::model::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, DEFAULT_MATMUL};
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
+use paged_kernels::KvCacheFormat;
 use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
 
 /// Tensors by name, each as a rows × cols matrix (vectors: one row).
@@ -104,6 +105,8 @@ pub struct LoadOptions {
     pub capacity: Capacity,
     /// The product of every projection (see `Llama::matmul`).
     pub matmul: MatVecVariant,
+    /// What the KV cache stores (see `Llama::kv_cache`): f32 unless asked.
+    pub kv_cache: KvCacheFormat,
 }
 
 impl Default for LoadOptions {
@@ -113,6 +116,7 @@ impl Default for LoadOptions {
             weights: None,
             capacity: Capacity::Dropless,
             matmul: DEFAULT_MATMUL,
+            kv_cache: KvCacheFormat::default(),
         }
     }
 }
@@ -263,5 +267,6 @@ pub fn build(
         &opts.attention,
     )?;
     model.set_matmul(opts.matmul)?;
+    model.set_kv_cache(opts.kv_cache);
     Ok(model)
 }
