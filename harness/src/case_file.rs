@@ -37,12 +37,26 @@ impl CaseFile {
         path: &Path,
         replayable: impl Fn(&str) -> std::result::Result<&'static str, String>,
     ) -> Result<CaseFile> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            HarnessError::Usage(format!(
+                "case {}: cannot read the file ({e})",
+                path.display()
+            ))
+        })?;
+        Self::parse(path, &bytes, replayable)
+    }
+
+    /// Parses the case file `bytes` (named `path` in errors), as `load` does.
+    pub fn parse(
+        path: &Path,
+        bytes: &[u8],
+        replayable: impl Fn(&str) -> std::result::Result<&'static str, String>,
+    ) -> Result<CaseFile> {
         let name = path.display().to_string();
         let bad = |m: String| HarnessError::Usage(format!("case {name}: {m}"));
-        let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read the file ({e})")))?;
-        let (_, header) = SafeTensors::read_metadata(&bytes)
+        let (_, header) = SafeTensors::read_metadata(bytes)
             .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
-        let st = SafeTensors::deserialize(&bytes)
+        let st = SafeTensors::deserialize(bytes)
             .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
         let meta = header.metadata().clone().unwrap_or_default();
         let family = meta.get("family").cloned().ok_or_else(|| {

@@ -21,6 +21,12 @@ pub enum HarnessError {
 }
 
 impl HarnessError {
+    /// The message as the one line `main` prints: control characters that came from an input
+    /// (a key, a tensor name or a value that holds a newline) are escaped, not printed.
+    pub fn one_line(&self) -> String {
+        one_line(&self.to_string())
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
         let context = context.into();
@@ -38,6 +44,27 @@ impl From<serde_json::Error> for HarnessError {
     fn from(e: serde_json::Error) -> HarnessError {
         HarnessError::Usage(format!("json: {e}"))
     }
+}
+
+/// `text` with its control characters escaped (`\n` → `\\n`): what goes on the one line of
+/// stderr a refusal gets, whatever the input it quotes holds.
+pub fn one_line(text: &str) -> String {
+    let mut line = String::new();
+    for c in text.chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
+}
+
+/// The first line of a command-line error of clap's, without its `error: ` prefix, escaped.
+pub fn clap_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("bad command line");
+    one_line(first.trim_start_matches("error: "))
 }
 
 /// Shorthand for harness results.

@@ -6,8 +6,8 @@
 // The shared layer: imports no family and no command.
 /// Counting global allocator (peak scratch memory of a call).
 pub mod alloc;
-/// Files replaced whole or not at all (provenance, rooflines, merged sweeps).
-pub mod atomic_file;
+/// Atomic writes (temporary file, then rename) of the files under results/ not streamed.
+pub mod atomic;
 /// Case files (safetensors with a family and fixed tensor names) for `harness replay`.
 pub mod case_file;
 /// The jobs a family's replay preparation gives the replay command, and tensor helpers.

@@ -521,13 +521,10 @@ fn parse() -> Cli {
             e.exit()
         }
         Err(e) => {
-            let text = e.to_string();
-            let first = text
-                .lines()
-                .next()
-                .unwrap_or("bad command line")
-                .trim_start_matches("error: ");
-            eprintln!("error: {first} (see harness --help)");
+            eprintln!(
+                "error: {} (see harness --help)",
+                harness::error::clap_line(&e)
+            );
             std::process::exit(2);
         }
     }
@@ -537,7 +534,7 @@ fn main() {
     let code = match run(parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", e.one_line());
             2
         }
     };

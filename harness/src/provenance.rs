@@ -42,6 +42,10 @@ pub struct Provenance {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub rows: usize,
+    /// Files the run read that its numbers depend on (texts, model files), with their
+    /// sha256: `text gpl3` → `sha256:…`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub inputs: std::collections::BTreeMap<String, String>,
     /// Set on a shard of a sweep (`harness exp --shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<ShardRecord>,
@@ -189,17 +193,16 @@ impl Provenance {
             started_at: machine::now_rfc3339(),
             finished_at: None,
             rows: 0,
+            inputs: Default::default(),
             sweep: None,
             merged: None,
         }
     }
 
-    /// Writes (or rewrites) the JSON file, whole or not at all.
+    /// Writes (or rewrites) the JSON file, atomically: a reader or a killed run sees the
+    /// previous version or this one.
     pub fn write(&self, path: &Path) -> Result<()> {
-        crate::atomic_file::write(
-            path,
-            (serde_json::to_string_pretty(self)? + "\n").as_bytes(),
-        )
+        crate::atomic::write(path, serde_json::to_string_pretty(self)? + "\n")
     }
 
     /// Reads a provenance file.

@@ -238,7 +238,7 @@ pub fn store(results: &Path, roof: &Roofline) -> Result<PathBuf> {
     std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
         .map_err(HarnessError::io("creating results/roofline"))?;
     // Shards of a sweep on one machine store concurrently: whole files only.
-    crate::atomic_file::write(&p, (serde_json::to_string_pretty(roof)? + "\n").as_bytes())?;
+    crate::atomic::write(&p, serde_json::to_string_pretty(roof)? + "\n")?;
     Ok(p)
 }
 
@@ -337,7 +337,7 @@ pub fn measure_cuda_and_record(results: &Path, ordinal: usize) -> Result<(Roofli
     };
     std::fs::create_dir_all(p.parent().expect("roofline path has a parent"))
         .map_err(HarnessError::io("creating results/roofline"))?;
-    crate::atomic_file::write(&p, (serde_json::to_string_pretty(&best)? + "\n").as_bytes())?;
+    crate::atomic::write(&p, serde_json::to_string_pretty(&best)? + "\n")?;
     Ok((fresh, p))
 }
 

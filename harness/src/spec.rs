@@ -136,21 +136,29 @@ impl ExperimentSpec {
         } else {
             dir.join(format!("{name}.toml"))
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let bytes = std::fs::read(&path).map_err(|e| {
             HarnessError::Usage(format!(
                 "unknown experiment '{name}': cannot read {} ({e}); `harness list` shows the experiments",
                 path.display()
             ))
         })?;
-        let spec: ExperimentSpec = toml::from_str(&text).map_err(|e| {
-            HarnessError::Usage(format!(
-                "{}: {}",
-                path.display(),
-                e.message().replace('\n', " ")
+        Ok((Self::parse(&path, &bytes)?, path))
+    }
+
+    /// Parses the spec file `bytes` (named `path` in errors) and checks what every family
+    /// shares; one line naming the file and the first problem.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<ExperimentSpec> {
+        let bad = |m: String| HarnessError::Usage(format!("{}: {m}", path.display()));
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            bad(format!(
+                "not UTF-8 text (byte {} is invalid)",
+                e.valid_up_to()
             ))
         })?;
+        let spec: ExperimentSpec = toml::from_str(text)
+            .map_err(|e| bad(e.message().split_whitespace().collect::<Vec<_>>().join(" ")))?;
         spec.validate_static()?;
-        Ok((spec, path))
+        Ok(spec)
     }
 
     /// Every experiment spec under `dir`, sorted by name.
@@ -235,9 +243,22 @@ impl ExperimentSpec {
             }
             grid.insert(k.clone(), vs.clone());
         }
-        Ok(grid)
+        let points = grid
+            .values()
+            .try_fold(1usize, |n, vs| n.checked_mul(vs.len().max(1)));
+        match points {
+            Some(n) if n <= MAX_GRID_POINTS => Ok(grid),
+            _ => Err(HarnessError::Usage(format!(
+                "experiment '{}': the grid's lists multiply to more than {MAX_GRID_POINTS} points",
+                self.name
+            ))),
+        }
     }
 }
+
+/// The most points a grid may expand into (the product of its lists' lengths): far more than
+/// any run could measure, and a bound on what expanding a small spec file may allocate.
+pub const MAX_GRID_POINTS: usize = 100_000;
 
 fn is_claim_id(c: &str) -> bool {
     c.strip_prefix('C')

@@ -44,7 +44,7 @@ fn every_cuda_source_compiles_without_spills() {
     assert_eq!(rows.len(), expected);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/cuda");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("resources.csv"), resources_csv(&rows)).unwrap();
+    harness::atomic::write(&dir.join("resources.csv"), resources_csv(&rows)).unwrap();
     for r in &rows {
         eprintln!(
             "{:<28} {:>3} regs {:>6} B smem {:>4} B stack",

@@ -61,6 +61,9 @@ pub struct PerplexityArgs {
     /// divergence and top-1 agreement of this run against it.
     #[arg(long, value_name = "FILE")]
     pub reference_logits: Option<PathBuf>,
+    /// Write the text's token ids (a JSON array) here, to score the same tokens elsewhere.
+    #[arg(long, value_name = "FILE")]
+    pub save_tokens: Option<PathBuf>,
     /// Worker threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -81,6 +84,8 @@ pub struct PerplexityReport {
     pub text_origin: String,
     pub text_sha256: String,
     pub text_tokens: usize,
+    /// sha256 of the token ids as little-endian u32: another tokenizer's ids compare by it.
+    pub tokens_sha256: String,
     pub ctx: usize,
     pub stride: usize,
     pub windows: usize,
@@ -148,6 +153,10 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
     })?;
     let model = loaded.model;
     let tokens = tokenizer.encode(&text.content)?;
+    if let Some(p) = &a.save_tokens {
+        std::fs::write(p, serde_json::to_string(&tokens).expect("serialisable"))
+            .map_err(|e| HarnessError::Usage(format!("--save-tokens {}: {e}", p.display())))?;
+    }
     let ctx = a.ctx;
     if ctx > model.cfg.context {
         return Err(HarnessError::Usage(format!(
@@ -201,6 +210,12 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         text_origin: text.origin,
         text_sha256: text.sha256,
         text_tokens: tokens.len(),
+        tokens_sha256: sha256_hex(
+            &tokens
+                .iter()
+                .flat_map(|t| t.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
         ctx,
         stride,
         windows: wins.len(),

@@ -114,6 +114,7 @@ impl GenerateArgs {
             capacity: moe_kernels::parse_capacity(&self.capacity)?,
             matmul: crate::registry::quant_variant(&self.matmul)?.1,
             kv_cache: KvCacheFormat::parse(&self.kv_cache)?,
+            ..LoadOptions::default()
         })
     }
 
@@ -205,9 +206,11 @@ impl Streamer<'_> {
         match self.tok {
             Some(tok) => {
                 let text = tok.decode(generated)?;
-                if !text.ends_with('\u{FFFD}') && text.len() > self.printed {
-                    print!("{}", &text[self.printed..]);
-                    self.printed = text.len();
+                if !text.ends_with('\u{FFFD}') {
+                    if let Some(new) = text.get(self.printed..).filter(|t| !t.is_empty()) {
+                        print!("{new}");
+                        self.printed = text.len();
+                    }
                 }
             }
             None => print!("{} ", generated.last().expect("a token")),
@@ -235,7 +238,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     let loaded = load(&args.model, &opts)?;
     let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
     let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
-    if prompt_ids.len() + args.max_new_tokens > model.cfg.context {
+    if prompt_ids.len().saturating_add(args.max_new_tokens) > model.cfg.context {
         return Err(HarnessError::Usage(format!(
             "{} prompt tokens + {} new tokens exceed the model's context of {}",
             prompt_ids.len(),
@@ -310,6 +313,7 @@ fn run_spec(
         threshold: 0.7,
         sampler: args.sampler(),
     };
+    // Within the context (checked above) plus a tree of at most MAX_TREE_NODES.
     let capacity = prompt_ids.len() + args.max_new_tokens + shape.max_nodes() + 1;
     let mut d = drafter(
         &args.model,

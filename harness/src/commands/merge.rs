@@ -15,7 +15,7 @@ use crate::spec::ExperimentSpec;
 use crate::sweep::id::{parse_shard_name, shard_csv};
 use crate::sweep::shard_csv::{self as csv_file, ShardCsv};
 use crate::sweep::{PointKey, Shard};
-use crate::{atomic_file, machine, render, Format};
+use crate::{atomic, machine, render, Format};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -86,7 +86,7 @@ pub fn run(opts: &MergeOptions) -> Result<i32> {
         w.write_record(*r)?;
     }
     let bytes = w.into_inner().map_err(|e| usage(format!("csv: {e}")))?;
-    atomic_file::write(&out_csv, &bytes)?;
+    atomic::write(&out_csv, &bytes)?;
     prov.write(&out_csv.with_extension("json"))?;
     let report = render::render_run(&spec, &out_csv, &prov, family.render)?;
     match opts.format {

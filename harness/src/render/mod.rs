@@ -3,7 +3,7 @@
 //! A family supplies only its tables (a `RenderFn`, usually `report::<ItsColumns>` with its
 //! table writer); `harness render CSV` rewrites both files of a finished or interrupted run.
 
-use crate::error::{HarnessError, Result};
+use crate::error::Result;
 use crate::provenance::Provenance;
 use crate::row::{read_rows, Columns, Row};
 use crate::spec::ExperimentSpec;
@@ -103,8 +103,7 @@ pub fn render_run(
     }
     md.push_str(&rendered.tables);
     let md_path = csv.with_extension("md");
-    std::fs::write(&md_path, md)
-        .map_err(HarnessError::io(format!("writing {}", md_path.display())))?;
+    crate::atomic::write(&md_path, md)?;
     Ok(rendered)
 }
 

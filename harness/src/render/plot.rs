@@ -18,13 +18,20 @@ fn plot_err(e: impl std::fmt::Display) -> HarnessError {
     HarnessError::Usage(format!("plotting failed: {e}"))
 }
 
-/// The SVG: panels × series, with the roofline where the metric has one.
+/// The SVG at `path` (written atomically): panels × series, with the roofline where the
+/// metric has one.
 pub(super) fn plot<R: Columns>(
     p: &PlotSpec,
     rows: &[R],
     prov: &Provenance,
     path: &Path,
 ) -> Result<()> {
+    let mut svg = String::new();
+    draw(p, rows, prov, &mut svg)?;
+    crate::atomic::write(path, svg)
+}
+
+fn draw<R: Columns>(p: &PlotSpec, rows: &[R], prov: &Provenance, svg: &mut String) -> Result<()> {
     let rows: Vec<&R> = rows
         .iter()
         .filter(|r| {
@@ -40,7 +47,7 @@ pub(super) fn plot<R: Columns>(
     if panels.is_empty() {
         panels.push("(no measured rows)".into());
     }
-    let root = SVGBackend::new(path, (560 * panels.len() as u32, 440)).into_drawing_area();
+    let root = SVGBackend::with_string(svg, (560 * panels.len() as u32, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let areas = root.split_evenly((1, panels.len()));
     for (area, panel) in areas.iter().zip(&panels) {

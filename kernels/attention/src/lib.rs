@@ -1,6 +1,13 @@
 //! MHA/GQA/MQA attention: the problem descriptor, the `AttentionKernel` trait every variant
 //! implements (so the harness can enumerate them by name), the f64 reference, and the CPU
 //! variants — `naive` (materialised scores) and `flash2` (FlashAttention-2 tiling, Dao 2023).
+//!
+//! Non-finite inputs propagate: a NaN or ±Inf in a query row makes that row's output
+//! non-finite, one in K the rows that see that key; one in V the rows that see that key in
+//! that dimension — and, because a masked probability is exactly 0 and 0·NaN = NaN, the
+//! masked rows that share the key's tile (as in FlashAttention and PyTorch's math backend;
+//! the reference keeps them clean). Softmaxes are max-shifted, so logits of ±1e4 are exact up
+//! to f32 rounding; every row sees at least one key (causal needs q_len ≤ kv_len).
 
 /// Optimised CPU variants: naive materialised-scores attention and FlashAttention-2 tiling.
 pub mod cpu;

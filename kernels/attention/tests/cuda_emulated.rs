@@ -13,6 +13,7 @@ use kernel_common::{tolerance, DType};
 use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes};
 use kernel_test_support::emu::Arg;
 use kernel_test_support::emulated::{assert_close, module, nan_bytes};
+use kernel_test_support::mutations;
 
 #[test]
 fn attention_naive_and_flash2_match_the_reference() {
@@ -80,4 +81,19 @@ fn attention_naive_and_flash2_match_the_reference() {
         }
     }
     assert_eq!(FLASH2_BLOCK_ROWS, 64);
+}
+
+#[test]
+fn planted_bugs_fail_the_emulated_check() {
+    // Each bug kernels/CUDA.md says this test catches, planted in attention.cu and run in a
+    // child process: swapped V rows in flash2's P·V, each tile barrier of flash2 and flash2p
+    // removed, V read by ldmatrix without .trans. (The test passing unmutated is the test.)
+    if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
+        return;
+    }
+    let caught = mutations::assert_each_caught(
+        "attention.cu",
+        "attention_naive_and_flash2_match_the_reference",
+    );
+    assert_eq!(caught.len(), 6);
 }

@@ -1,5 +1,6 @@
 //! Property tests: every attention variant equals the f64 reference on random shapes, tile
-//! sizes and dtypes, with outputs poisoned first; GQA with kv_heads = q_heads equals MHA;
+//! sizes and dtypes, with outputs poisoned first; GQA equals MHA on K/V heads repeated per
+//! group, bit for bit;
 //! a batch row's result does not depend on its neighbours. Every check runs at each ISA tier
 //! this machine has (avx512, avx2, portable).
 
@@ -87,16 +88,31 @@ proptest! {
     }
 
     #[test]
-    fn gqa_with_all_kv_heads_is_mha(shape in shapes(), seed in any::<u64>()) {
-        // The same tensors read as MHA (q_heads = kv_heads) and through the GQA code path
-        // with group 1 must agree exactly with each other and with the reference.
-        let mha = AttentionShape { kv_heads: shape.q_heads, ..shape };
-        let inputs = AttentionInputs::random(&mha, DType::F32, seed);
-        let a = run(kernel("flash2").as_ref(), &mha, &inputs);
-        let b = run(kernel("flash2:br=7,bc=5").as_ref(), &mha, &inputs);
-        let want = attention(&mha, &inputs);
-        prop_assert!(ErrorStats::compare(&a, &want).passes(&tolerance(DType::F32)));
-        prop_assert!(ErrorStats::compare(&b, &want).passes(&tolerance(DType::F32)));
+    fn gqa_equals_mha_on_repeated_kv_heads(shape in shapes(), group in 2usize..5, dtype in dtypes(), seed in any::<u64>()) {
+        // A GQA problem (each KV head serving `group` query heads, read by index) against
+        // the MHA problem whose K/V repeat each head `group` times (PyTorch's
+        // repeat_interleave / enable_gqa): the same arithmetic per query head, so the two
+        // code paths must agree bit for bit, and the GQA path must match the reference.
+        let gqa = AttentionShape { q_heads: shape.kv_heads * group, ..shape };
+        let mha = AttentionShape { kv_heads: gqa.q_heads, ..gqa };
+        let inputs = AttentionInputs::random(&gqa, dtype, seed);
+        let repeat = |b: &Buffer| {
+            let x = b.to_f32();
+            let per_head = gqa.kv_len * gqa.head_dim;
+            let out: Vec<f32> = x
+                .chunks(per_head)
+                .flat_map(|head| std::iter::repeat_n(head, group).flatten().copied())
+                .collect();
+            Buffer::from_f32(dtype, &out)
+        };
+        let expanded = AttentionInputs { q: inputs.q.clone(), k: repeat(&inputs.k), v: repeat(&inputs.v) };
+        let want = attention(&gqa, &inputs);
+        for spec in ["naive", "flash2", "flash2:br=7,bc=5"] {
+            let grouped = run(kernel(spec).as_ref(), &gqa, &inputs);
+            let repeated = run(kernel(spec).as_ref(), &mha, &expanded);
+            prop_assert_eq!(&grouped, &repeated, "{} {} {}", spec, dtype, gqa.label());
+            prop_assert!(ErrorStats::compare(&grouped, &want).passes(&tolerance(dtype)), "{}", spec);
+        }
     }
 
     #[test]

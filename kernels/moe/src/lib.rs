@@ -6,6 +6,11 @@
 //! one grouped tensor-core GEMM launch for all experts on CUDA; routing statistics (load per
 //! expert, drops, reroutes, unserved tokens, imbalance, the busiest 20%'s share, Switch's
 //! balance loss) and a skew knob for the router — for claims C13–C15.
+//!
+//! A token whose activation holds a NaN or ±Inf is still routed (selection orders by
+//! `total_cmp`, so it never panics and names experts in range) and its output is non-finite;
+//! with a capacity it may take slots, but every other token's output stays the reference's
+//! for the same decisions.
 
 /// CUDA router top-k, capacity, dispatch and combine (`moe.cu`), and the grouped expert FFN.
 pub mod cuda;

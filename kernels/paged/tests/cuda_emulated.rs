@@ -10,6 +10,7 @@ use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, f32_bytes, i32_bytes}
 use kernel_cuda::Launch;
 use kernel_test_support::emu::{Arg, EmuModule};
 use kernel_test_support::emulated::{assert_close, module, nan_bytes};
+use kernel_test_support::mutations;
 use paged_kernels::cuda::{flat_tables, plan_decode, slots};
 use paged_kernels::{append, KvPool, PagedCaseSpec, PoolLayout, SplitKv};
 use rand::seq::SliceRandom;
@@ -206,4 +207,19 @@ fn paged_append_writes_exactly_the_slots() {
             (n - 1) * 2 * 64
         );
     }
+}
+
+#[test]
+fn planted_bugs_fail_the_emulated_check() {
+    // Planted in paged.cu and run in a child process: the causal bound off by one, and the
+    // decode's hq and hkv launch arguments swapped (the kernel's signature, as the launcher
+    // sees it). (The test passing unmutated is the test.)
+    if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
+        return;
+    }
+    let caught = mutations::assert_each_caught(
+        "paged.cu",
+        "paged_decode_unsplit_and_split_match_the_reference",
+    );
+    assert_eq!(caught.len(), 2);
 }

@@ -5,6 +5,9 @@
 //! it are per ISA: `avx512::q8act` (VNNI `vpdpbusd`), `avx2::q8act` (`vpmaddubsw` +
 //! `vpmaddwd`, llama.cpp's AVX2 path) and `portable::rows_dot_q8` (integer loops).
 //!
+//! A chunk holding a NaN or ±Inf gets a NaN scale, so the outputs it feeds are NaN (as the
+//! f32 products give), never a finite value computed as if the bad value were 0.
+//!
 //! The product is exact for the quantised activation: the result equals the f64 product of the
 //! dequantised weights with `activation_as_seen(x)` within f32 rounding, and its distance from
 //! the product with x itself is the activation quantisation error, reported separately.
@@ -99,7 +102,11 @@ fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
         for m in lanes {
             amax = if m > amax { m } else { amax };
         }
-        let scale = amax / 127.0;
+        // A NaN or ±Inf in the chunk makes its scale NaN, so every product that reads the
+        // chunk is NaN: the `>` max skips a NaN and the cast sends it to code 0, which would
+        // otherwise drop it silently.
+        let finite = v.iter().fold(true, |f, a| f & a.is_finite());
+        let scale = if finite { amax / 127.0 } else { f32::NAN };
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         let mut q = [0i32; 32];
         for (o, a) in q.iter_mut().zip(v) {
@@ -122,7 +129,8 @@ pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for chunk in x.chunks(32) {
         let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
+        let finite = chunk.iter().all(|v| v.is_finite());
+        let scale = if finite { amax / 127.0 } else { f32::NAN };
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
         out.extend(
             chunk

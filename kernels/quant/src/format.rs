@@ -200,6 +200,14 @@ impl WeightFormat {
         cols / self.block_values() * self.block_bytes()
     }
 
+    /// Bytes of a `rows` × `cols` matrix, or `None` when that overflows `usize` (sizes read
+    /// from a file are not trusted).
+    pub fn matrix_bytes(self, rows: usize, cols: usize) -> Option<usize> {
+        (cols / self.block_values())
+            .checked_mul(self.block_bytes())?
+            .checked_mul(rows)
+    }
+
     /// Whether the format is quantised (not a dense float).
     pub const fn is_quantised(self) -> bool {
         !matches!(self, WeightFormat::F32 | WeightFormat::F16)

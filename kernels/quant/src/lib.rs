@@ -2,6 +2,10 @@
 //! asymmetric int2–8 groups (claims C16–C18), ggml's Q8_0/Q4_0/Q4_1 blocks byte for byte as
 //! llama.cpp writes them, and Y = X·Wᵀ fused with dequantisation (GEMV at batch 1, tiled GEMM
 //! above) against f32 and f16 weight baselines, with an f64 reference.
+//!
+//! Non-finite weights are refused when stored (the first one named); a NaN or ±Inf in an
+//! activation row makes that row's outputs non-finite in every product, the int8-activation
+//! ones included (`act_q8` gives such a chunk a NaN scale).
 
 /// CUDA dequantising GEMV (`quant.cu`).
 pub mod cuda;

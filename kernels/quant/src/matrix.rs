@@ -67,7 +67,7 @@ impl QuantMatrix {
     /// Quantises the row-major `rows` × `cols` matrix `w`.
     pub fn quantize(format: WeightFormat, rows: usize, cols: usize, w: &[f32]) -> Result<Self> {
         format.validate(cols)?;
-        if rows == 0 || w.len() != rows * cols {
+        if rows == 0 || Some(w.len()) != rows.checked_mul(cols) {
             return Err(KernelError::BadBuffer(format!(
                 "weights have {} values, expected {rows} × {cols} (rows ≥ 1)",
                 w.len()
@@ -115,8 +115,17 @@ impl QuantMatrix {
         data: Vec<u8>,
     ) -> Result<Self> {
         format.validate(cols)?;
-        let want = rows * format.row_bytes(cols);
-        if rows == 0 || data.len() != want {
+        let want = format.matrix_bytes(rows, cols).ok_or_else(|| {
+            KernelError::BadBuffer(format!(
+                "{format} {rows}×{cols} overflows the address space"
+            ))
+        })?;
+        if rows == 0 {
+            return Err(KernelError::BadBuffer(format!(
+                "{format} matrix of 0 rows × {cols}: it needs at least one row"
+            )));
+        }
+        if data.len() != want {
             return Err(KernelError::BadBuffer(format!(
                 "{format} {rows}×{cols} needs {want} bytes, got {} ({})",
                 data.len(),

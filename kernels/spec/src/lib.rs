@@ -3,6 +3,11 @@
 //! mask and the position ids), tree attention over a paged KV cache with its f64 reference,
 //! and verification — greedy (longest path matching the target's argmax) and stochastic
 //! (multi-candidate recursive rejection sampling, lossless).
+//!
+//! Tree attention propagates a non-finite query to its own node and a non-finite context K/V
+//! to every node (each node sees the context, its ancestors and itself: no row is ever fully
+//! masked). Verification on non-finite scores or probabilities ends and names tokens in the
+//! vocabulary; which ones is unspecified.
 
 /// CUDA tree attention (`spec.cu`).
 pub mod cuda;

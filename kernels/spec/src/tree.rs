@@ -167,6 +167,10 @@ impl DraftTree {
     }
 }
 
+/// The most draft nodes a tree shape may hold: its tree mask is nodes² entries and every
+/// node is one query of the target's pass, so a larger tree is a typo, not a draft.
+pub const MAX_TREE_NODES: usize = 4096;
+
 /// How the driver shapes its drafts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TreeShape {
@@ -193,28 +197,39 @@ impl TreeShape {
             .map(|v| v.trim().parse::<usize>().ok().filter(|&n| n > 0))
             .collect::<Option<_>>()
             .ok_or_else(bad)?;
-        match (kind, &nums[..]) {
-            ("chain", [k]) => Ok(TreeShape::Chain(*k)),
-            ("static", b) if !b.is_empty() => Ok(TreeShape::Static(b.to_vec())),
-            ("dynamic", [n]) => Ok(TreeShape::Dynamic(*n)),
-            _ => Err(bad()),
+        let shape = match (kind, &nums[..]) {
+            ("chain", [k]) => TreeShape::Chain(*k),
+            ("static", b) if !b.is_empty() => TreeShape::Static(b.to_vec()),
+            ("dynamic", [n]) => TreeShape::Dynamic(*n),
+            _ => return Err(bad()),
+        };
+        match shape.nodes() {
+            Some(n) if n <= MAX_TREE_NODES => Ok(shape),
+            _ => Err(KernelError::Unsupported(format!(
+                "tree shape '{text}' holds more than {MAX_TREE_NODES} draft nodes"
+            ))),
         }
     }
 
-    /// Draft nodes the shape may hold (without the root).
-    pub fn max_nodes(&self) -> usize {
+    /// Draft nodes of the shape, `None` past `usize` (a static shape's levels multiply).
+    fn nodes(&self) -> Option<usize> {
         match self {
-            TreeShape::Chain(k) | TreeShape::Dynamic(k) => *k,
+            TreeShape::Chain(k) | TreeShape::Dynamic(k) => Some(*k),
             TreeShape::Static(b) => {
-                let mut level = 1;
-                b.iter()
-                    .map(|&x| {
-                        level *= x;
-                        level
-                    })
-                    .sum()
+                let (mut level, mut total) = (1usize, 0usize);
+                for &x in b {
+                    level = level.checked_mul(x)?;
+                    total = total.checked_add(level)?;
+                }
+                Some(total)
             }
         }
+    }
+
+    /// Draft nodes the shape may hold (without the root); at most `MAX_TREE_NODES` for a
+    /// parsed shape.
+    pub fn max_nodes(&self) -> usize {
+        self.nodes().unwrap_or(usize::MAX)
     }
 
     /// Depth of the deepest draft node.
@@ -298,9 +313,13 @@ mod tests {
             "tree:3",
             "chain:2,2",
             "static",
+            "chain:4097",
+            "static:64,64,2",
+            "static:4294967296,4294967296,4294967296",
         ] {
             assert!(TreeShape::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(TreeShape::parse("chain:4096").unwrap().max_nodes(), 4096);
         assert!(DraftTree::static_shape(&[2, 0]).is_err());
         assert!(DraftTree::from_parents(&[None, Some(1)]).is_err());
         assert!(DraftTree::from_parents(&[Some(0)]).is_err());

@@ -1,18 +1,22 @@
 //! Helpers shared by every family's emulated CUDA tests (`kernels/*/tests/cuda_emulated.rs`):
 //! the emulator module for a source (or `None`, with the reason printed, where g++ is
-//! missing), the closeness assertion against an f64 reference, and NaN-poisoned outputs.
+//! missing; with a planted bug when `WORKBENCH_EMU_MUTATION` names one), the closeness
+//! assertion against an f64 reference, and NaN-poisoned outputs.
 
 use crate::emu::{unavailable, EmuModule};
 use kernel_common::{DType, ErrorStats, Tolerance};
 use kernel_cuda::KernelSource;
 
-/// `source` built for the emulator, or `None` (the test then returns early) without g++.
+/// `source` built for the emulator — with the bug `WORKBENCH_EMU_MUTATION` plants, if it
+/// names one of this file's (`mutations`) — or `None` (the test then returns early) without
+/// g++.
 pub fn module(source: &KernelSource) -> Option<EmuModule> {
     if let Some(why) = unavailable() {
         eprintln!("SKIPPED emulated CUDA kernels: {why}");
         return None;
     }
-    Some(EmuModule::build(source).unwrap_or_else(|e| panic!("{e}")))
+    let mutant = crate::mutations::planted(source);
+    Some(EmuModule::build(mutant.as_ref().unwrap_or(source)).unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// Fails the test unless `got` is within `tol` of `want`, naming `what`.

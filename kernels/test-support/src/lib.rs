@@ -1,7 +1,8 @@
-//! Test-only support for the CUDA side, used from `[dev-dependencies]` only: the CPU emulator
-//! of the `.cu` kernels (`emu`, with `emulate.h`), the helpers every family's emulated kernel
-//! tests share (`emulated`), and the CI compile check (`check`: every `.cu` through NVRTC,
-//! spills fail, rows for `results/cuda/resources.csv`). No GPU is needed for any of it.
+//! Test-only support, used from `[dev-dependencies]` only: the CPU emulator of the `.cu`
+//! kernels (`emu`, with `emulate.h`), the helpers every family's emulated kernel tests share
+//! (`emulated`), the planted bugs they must catch (`mutations`), the CI compile check (`check`: every `.cu` through NVRTC, spills fail, rows
+//! for `results/cuda/resources.csv`), and the chi-square test of the statistical tests
+//! (`stats`). No GPU is needed for any of it.
 
 /// The CI compile check: PTX and sm_90 cubins, resource rows, spills fail.
 pub mod check;
@@ -9,3 +10,7 @@ pub mod check;
 pub mod emu;
 /// What the emulated kernel tests share: the module (or a skip), closeness, poisoned outputs.
 pub mod emulated;
+/// Planted bugs in the `.cu` sources, and the check that the emulated tests catch each.
+pub mod mutations;
+/// Pearson's chi-square test and its p-value.
+pub mod stats;

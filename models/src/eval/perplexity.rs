@@ -212,7 +212,15 @@ pub fn evaluate(
     on_row: impl FnMut(ScoredRow),
     on_window: impl FnMut(usize),
 ) -> Result<PplStats> {
-    evaluate_chunked(model, tokens, windows, block_size, usize::MAX, on_row, on_window)
+    evaluate_chunked(
+        model,
+        tokens,
+        windows,
+        block_size,
+        usize::MAX,
+        on_row,
+        on_window,
+    )
 }
 
 /// `evaluate` with each window run through the model in pieces of `prefill_chunk` tokens, as

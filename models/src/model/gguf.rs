@@ -1,7 +1,10 @@
 //! A GGUF (v2/v3) reader following ggml's `gguf.c` / the `gguf` Python package: header,
 //! metadata key-values (all scalar types, strings, arrays), tensor infos, alignment, and the
 //! tensors as `QuantMatrix`es in F32, F16, Q8_0, Q4_0 or Q4_1. Every defect is one error that
-//! names the file and what is wrong (bad magic, truncated, unknown type, missing key/tensor).
+//! names the file and what is wrong (bad magic, truncated, unknown type, missing key/tensor,
+//! a duplicate, a count the file cannot hold): counts and lengths are checked against the bytes
+//! left before anything is allocated for them, and offset and size arithmetic is checked, so a
+//! damaged header never allocates more than the file nor wraps into a wrong but valid range.
 //! A file is a tensor source (llama.cpp naming) whose `llama.*` metadata gives the model's
 //! shape (`gguf_config`); `Llama::from_gguf` builds it.
 
@@ -53,64 +56,111 @@ struct Cursor<'a> {
     path: &'a Path,
 }
 
+/// The fewest bytes a metadata value of type `ty` occupies (a string: its length field).
+fn min_value_bytes(ty: u32) -> Option<usize> {
+    match ty {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        8 | 10..=12 => Some(8),
+        // An array: element type and count.
+        9 => Some(12),
+        _ => None,
+    }
+}
+
+/// The fewest bytes of a key-value pair (empty key, type, one byte) and of a tensor info
+/// (empty name, one dimension, type, offset): bounds on the counts a header may claim.
+const MIN_KV_BYTES: usize = 8 + 4 + 1;
+const MIN_TENSOR_INFO_BYTES: usize = 8 + 4 + 8 + 4 + 8;
+
 impl Cursor<'_> {
     fn err(&self, m: impl std::fmt::Display) -> KernelError {
         KernelError::BadBuffer(format!("{}: {m}", self.path.display()))
     }
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
-        if self.at + n > self.b.len() {
+    fn left(&self) -> usize {
+        self.b.len() - self.at
+    }
+    /// The next `n` bytes; `what` names them when the file ends first.
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8]> {
+        if n > self.left() {
             return Err(self.err(format!(
-                "truncated: needs {} bytes at offset {}, the file has {}",
-                n,
+                "truncated: {what} at offset {} needs {n} bytes, the file has {} left",
                 self.at,
-                self.b.len()
+                self.left()
             )));
         }
         self.at += n;
         Ok(&self.b[self.at - n..self.at])
     }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, what)?);
+        Ok(a)
     }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.array(what).map(u32::from_le_bytes)
     }
-    fn string(&mut self) -> Result<String> {
-        let n = self.u64()? as usize;
-        let s = self.take(n)?;
-        String::from_utf8(s.to_vec()).map_err(|_| self.err("a string is not UTF-8"))
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.array(what).map(u64::from_le_bytes)
     }
-    fn value(&mut self, ty: u32, depth: usize) -> Result<Value> {
+    /// A count or length read from the file, as usize (saturating: it is checked against the
+    /// bytes left before anything is allocated for it).
+    fn size(&mut self, what: &str) -> Result<usize> {
+        Ok(usize::try_from(self.u64(what)?).unwrap_or(usize::MAX))
+    }
+    fn string(&mut self, what: &str) -> Result<String> {
+        let n = self.size(what)?;
+        let at = self.at;
+        let s = self.take(n, what)?;
+        String::from_utf8(s.to_vec())
+            .map_err(|_| self.err(format!("{what} at offset {at} is not UTF-8")))
+    }
+    /// `count` items of at least `min_bytes` each must fit in what is left of the file.
+    fn claim(&self, count: usize, min_bytes: usize, what: &str) -> Result<()> {
+        if count > self.left() / min_bytes {
+            return Err(self.err(format!(
+                "the header claims {count} {what}, more than the {} bytes left can hold",
+                self.left()
+            )));
+        }
+        Ok(())
+    }
+    fn value(&mut self, ty: u32, key: &str, in_array: bool) -> Result<Value> {
         Ok(match ty {
-            0 => Value::UInt(self.take(1)?[0] as u64),
-            1 => Value::Int(self.take(1)?[0] as i8 as i64),
-            2 => Value::UInt(u16::from_le_bytes(self.take(2)?.try_into().expect("2")) as u64),
-            3 => Value::Int(i16::from_le_bytes(self.take(2)?.try_into().expect("2")) as i64),
-            4 => Value::UInt(self.u32()? as u64),
-            5 => Value::Int(self.u32()? as i32 as i64),
-            6 => Value::Float(f32::from_le_bytes(self.take(4)?.try_into().expect("4")) as f64),
-            7 => Value::Bool(self.take(1)?[0] != 0),
-            8 => Value::Str(self.string()?),
-            9 if depth == 0 => {
-                let inner = self.u32()?;
-                let n = self.u64()? as usize;
-                if n > self.b.len() {
-                    return Err(self.err(format!("an array claims {n} elements")));
-                }
+            0 => Value::UInt(self.array::<1>(key)?[0] as u64),
+            1 => Value::Int(self.array::<1>(key)?[0] as i8 as i64),
+            2 => Value::UInt(u16::from_le_bytes(self.array(key)?) as u64),
+            3 => Value::Int(i16::from_le_bytes(self.array(key)?) as i64),
+            4 => Value::UInt(self.u32(key)? as u64),
+            5 => Value::Int(self.u32(key)? as i32 as i64),
+            6 => Value::Float(f32::from_le_bytes(self.array(key)?) as f64),
+            7 => Value::Bool(self.array::<1>(key)?[0] != 0),
+            8 => Value::Str(self.string(key)?),
+            9 if in_array => {
+                return Err(self.err(format!(
+                    "metadata {key} is an array of arrays, which this reader does not take"
+                )))
+            }
+            9 => {
+                let inner = self.u32(key)?;
+                let n = self.size(key)?;
+                let min = min_value_bytes(inner).ok_or_else(|| {
+                    self.err(format!(
+                        "metadata {key}: unknown array element type {inner}"
+                    ))
+                })?;
+                self.claim(n, min, &format!("elements in metadata {key}"))?;
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
-                    v.push(self.value(inner, depth + 1)?);
+                    v.push(self.value(inner, key, true)?);
                 }
                 Value::Array(v)
             }
-            10 => Value::UInt(self.u64()?),
-            11 => Value::Int(self.u64()? as i64),
-            12 => Value::Float(f64::from_le_bytes(self.take(8)?.try_into().expect("8"))),
-            other => return Err(self.err(format!("unknown metadata value type {other}"))),
+            10 => Value::UInt(self.u64(key)?),
+            11 => Value::Int(self.u64(key)? as i64),
+            12 => Value::Float(f64::from_le_bytes(self.array(key)?)),
+            other => return Err(self.err(format!("metadata {key} has unknown value type {other}"))),
         })
     }
 }
@@ -136,54 +186,67 @@ impl Gguf {
         Gguf::parse(path, bytes)
     }
 
-    /// Parses GGUF `bytes` (named `path` in errors).
+    /// Parses GGUF `bytes` (named `path` in errors). Counts and lengths in the header are
+    /// checked against the bytes left before anything is allocated for them, so a damaged
+    /// header is an error, never an allocation larger than the file.
     pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<Gguf> {
         let mut c = Cursor {
             b: &bytes,
             at: 0,
             path,
         };
-        if c.take(4)? != b"GGUF" {
+        if c.take(4, "the magic")? != b"GGUF" {
             return Err(c.err("wrong magic: not a GGUF file"));
         }
-        let version = c.u32()?;
+        let version = c.u32("the version")?;
         if !(2..=3).contains(&version) {
             return Err(c.err(format!("GGUF version {version} is not 2 or 3")));
         }
-        let (n_tensors, n_kv) = (c.u64()? as usize, c.u64()? as usize);
+        let n_tensors = c.size("the tensor count")?;
+        let n_kv = c.size("the metadata count")?;
+        c.claim(n_kv, MIN_KV_BYTES, "metadata entries")?;
         let mut meta = BTreeMap::new();
-        for _ in 0..n_kv {
-            let key = c.string()?;
-            let ty = c.u32()?;
-            let v = c.value(ty, 0)?;
-            meta.insert(key, v);
+        for i in 0..n_kv {
+            let key = c.string(&format!("metadata key {i}"))?;
+            let ty = c.u32(&key)?;
+            let v = c.value(ty, &key, false)?;
+            if meta.insert(key.clone(), v).is_some() {
+                return Err(c.err(format!("metadata {key} appears twice")));
+            }
         }
+        c.claim(n_tensors, MIN_TENSOR_INFO_BYTES, "tensors")?;
         let mut tensors = BTreeMap::new();
-        for _ in 0..n_tensors {
-            let name = c.string()?;
-            let nd = c.u32()? as usize;
+        for i in 0..n_tensors {
+            let name = c.string(&format!("the name of tensor {i}"))?;
+            let nd = c.u32(&name)? as usize;
             if nd == 0 || nd > 4 {
                 return Err(c.err(format!("tensor '{name}' has {nd} dimensions")));
             }
-            let dims = (0..nd)
-                .map(|_| c.u64().map(|d| d as usize))
-                .collect::<Result<Vec<_>>>()?;
-            let ggml_type = c.u32()?;
-            let offset = c.u64()? as usize;
-            tensors.insert(
-                name,
-                TensorInfo {
-                    dims,
-                    ggml_type,
-                    offset,
-                },
-            );
+            let dims = (0..nd).map(|_| c.size(&name)).collect::<Result<Vec<_>>>()?;
+            let ggml_type = c.u32(&name)?;
+            let offset = c.size(&name)?;
+            let info = TensorInfo {
+                dims,
+                ggml_type,
+                offset,
+            };
+            if tensors.insert(name.clone(), info).is_some() {
+                return Err(c.err(format!("tensor '{name}' appears twice")));
+            }
         }
         let align = match meta.get("general.alignment") {
-            Some(Value::UInt(a)) if *a > 0 => *a as usize,
-            _ => 32,
+            None => 32,
+            Some(Value::UInt(a)) if a.is_power_of_two() => *a,
+            Some(other) => {
+                return Err(c.err(format!(
+                    "general.alignment is {other:?}, not a power of two"
+                )))
+            }
         };
-        let data_start = c.at.div_ceil(align) * align;
+        let data_start = usize::try_from(align)
+            .ok()
+            .and_then(|a| c.at.checked_next_multiple_of(a))
+            .ok_or_else(|| c.err(format!("general.alignment {align} is beyond the file")))?;
         Ok(Gguf {
             path: path.to_path_buf(),
             version,
@@ -196,6 +259,11 @@ impl Gguf {
 
     fn err(&self, m: impl std::fmt::Display) -> KernelError {
         KernelError::BadBuffer(format!("{}: {m}", self.path.display()))
+    }
+
+    /// Where the tensor data begins (the header's end, aligned).
+    pub fn data_start(&self) -> usize {
+        self.data_start
     }
 
     /// A required unsigned integer.
@@ -253,20 +321,28 @@ impl Gguf {
             ))
         })?;
         let cols = t.dims[0];
-        let rows: usize = t.dims[1..].iter().product();
         format
             .validate(cols)
             .map_err(|e| self.err(format!("tensor '{name}': {e}")))?;
-        let len = rows * format.row_bytes(cols);
-        let start = self.data_start + t.offset;
-        if start + len > self.bytes.len() {
+        // Sizes and offsets come from the file: every sum and product is checked, so a
+        // value near 2^64 is an error rather than a wrapped, in-bounds range.
+        let range = t.dims[1..]
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .and_then(|rows| Some((rows, format.matrix_bytes(rows, cols)?)))
+            .and_then(|(rows, len)| {
+                let start = self.data_start.checked_add(t.offset)?;
+                Some((rows, start, start.checked_add(len)?))
+            });
+        let Some((rows, start, end)) = range.filter(|&(_, _, end)| end <= self.bytes.len()) else {
             return Err(self.err(format!(
-                "truncated: tensor '{name}' needs bytes {start}..{} of {}",
-                start + len,
+                "truncated: tensor '{name}' ({format}, dims {:?}, offset {}) lies beyond the file's {} bytes",
+                t.dims,
+                t.offset,
                 self.bytes.len()
             )));
-        }
-        QuantMatrix::from_bytes(format, rows, cols, self.bytes[start..start + len].to_vec())
+        };
+        QuantMatrix::from_bytes(format, rows, cols, self.bytes[start..end].to_vec())
             .map_err(|e| self.err(format!("tensor '{name}': {e}")))
     }
 

@@ -46,11 +46,25 @@ fn json(path: &Path) -> Result<Value> {
     serde_json::from_slice(&read(path)?).map_err(|e| bad(path, format!("malformed JSON ({e})")))
 }
 
-/// The first id of a token-id field (an integer or a list of integers).
+/// The first id of a token-id field (an integer or a list of integers); one outside u32 is
+/// no id.
 fn token_id(v: Option<&Value>) -> Option<u32> {
-    match v? {
-        Value::Array(a) => a.first()?.as_u64().map(|x| x as u32),
-        x => x.as_u64().map(|x| x as u32),
+    let id = match v? {
+        Value::Array(a) => a.first()?.as_u64(),
+        x => x.as_u64(),
+    };
+    id.and_then(|x| u32::try_from(x).ok())
+}
+
+/// A shard named by the index: a plain file name in the checkpoint's own directory (never a
+/// path that leads out of it).
+fn shard_name(index: &Path, v: &Value) -> Result<String> {
+    match v.as_str() {
+        Some(n) if Path::new(n).file_name() == Some(std::ffi::OsStr::new(n)) => Ok(n.to_string()),
+        _ => Err(bad(
+            index,
+            format!("weight_map names {v}, not a file name in the checkpoint directory"),
+        )),
     }
 }
 
@@ -157,8 +171,8 @@ impl HfCheckpoint {
                 .as_object()
                 .ok_or_else(|| bad(&index, "'weight_map' is missing"))?
                 .values()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect::<std::collections::BTreeSet<_>>();
+                .map(|v| shard_name(&index, v))
+                .collect::<Result<std::collections::BTreeSet<_>>>()?;
             map.into_iter().collect()
         } else if dir.join("model.safetensors").exists() {
             vec!["model.safetensors".into()]
@@ -220,6 +234,7 @@ impl HfCheckpoint {
             inner,
             bos: self.bos,
             eos: self.eos,
+            lossless: false,
         }))
     }
 }

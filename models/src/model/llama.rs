@@ -63,6 +63,23 @@ impl LlamaConfig {
         if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return bad(format!("{name} must be > 0"));
         }
+        let products = [
+            ("heads × head_dim", self.heads.checked_mul(self.head_dim)),
+            (
+                "kv_heads × head_dim",
+                self.kv_heads.checked_mul(self.head_dim),
+            ),
+            ("d_ff × d_model", self.d_ff.checked_mul(self.d_model)),
+            ("vocab × d_model", self.vocab.checked_mul(self.d_model)),
+        ];
+        if let Some((name, _)) = products.iter().find(|(_, v)| v.is_none()) {
+            return bad(format!("{name} overflows the address space"));
+        }
+        for (name, v) in [("eps", self.eps), ("rope_base", self.rope_base)] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(format!("{name} {v} must be a positive finite number"));
+            }
+        }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} query heads are not a multiple of {} KV heads",

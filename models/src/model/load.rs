@@ -30,17 +30,21 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
         });
     }
     if model.ends_with(".gguf") || path.is_file() {
-        let g = Gguf::open(path)?;
-        let model = build(gguf_config(&g)?, &g, Naming::Gguf, false, opts)?;
-        return Ok(Loaded {
-            model,
-            tokenizer: Some(TextTokenizer::from_gguf(&g)?),
-            source: path.display().to_string(),
-        });
+        return load_gguf(&Gguf::open(path)?, opts);
     }
     Ok(Loaded {
         model: random_model(model, opts)?,
         tokenizer: None,
         source: format!("preset {model}"),
+    })
+}
+
+/// The model and tokenizer of a parsed GGUF file.
+pub fn load_gguf(g: &Gguf, opts: &LoadOptions) -> Result<Loaded> {
+    let model = build(gguf_config(g)?, g, Naming::Gguf, false, opts)?;
+    Ok(Loaded {
+        model,
+        tokenizer: Some(TextTokenizer::from_gguf(g)?),
+        source: g.path.display().to_string(),
     })
 }

@@ -105,8 +105,74 @@ pub struct LoadOptions {
     pub capacity: Capacity,
     /// The product of every projection (see `Llama::matmul`).
     pub matmul: MatVecVariant,
+    /// Formats for some projection matrices instead of `weights`, in order (a later match
+    /// wins): per layer, per projection kind, or both.
+    pub overrides: Vec<WeightOverride>,
     /// What the KV cache stores (see `Llama::kv_cache`): f32 unless asked.
     pub kv_cache: KvCacheFormat,
+}
+
+/// A projection kind of a layer (MoE experts count as gate/up/down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Proj {
+    pub const ALL: [Proj; 7] = [
+        Proj::Q,
+        Proj::K,
+        Proj::V,
+        Proj::O,
+        Proj::Gate,
+        Proj::Up,
+        Proj::Down,
+    ];
+
+    /// transformers' name: q_proj, ..., down_proj.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proj::Q => "q_proj",
+            Proj::K => "k_proj",
+            Proj::V => "v_proj",
+            Proj::O => "o_proj",
+            Proj::Gate => "gate_proj",
+            Proj::Up => "up_proj",
+            Proj::Down => "down_proj",
+        }
+    }
+
+    fn of(part: Part) -> Option<Proj> {
+        match part {
+            Part::Q => Some(Proj::Q),
+            Part::K => Some(Proj::K),
+            Part::V => Some(Proj::V),
+            Part::O => Some(Proj::O),
+            Part::Gate | Part::ExpertGate(_) => Some(Proj::Gate),
+            Part::Up | Part::ExpertUp(_) => Some(Proj::Up),
+            Part::Down | Part::ExpertDown(_) => Some(Proj::Down),
+            _ => None,
+        }
+    }
+}
+
+/// One override of the weight format: the matrices of `layer` (None: every layer) of kind
+/// `proj` (None: every projection) in `format`. `simulate` quantises and dequantises them
+/// and keeps the values in the base format (simulated quantisation, the way per-layer
+/// sensitivity is measured: the accuracy of the format without its kernel, and without
+/// breaking the Q/K/V and gate/up stacks, whose parts must share a format).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WeightOverride {
+    pub layer: Option<usize>,
+    pub proj: Option<Proj>,
+    pub format: WeightFormat,
+    pub simulate: bool,
 }
 
 impl Default for LoadOptions {
@@ -116,6 +182,7 @@ impl Default for LoadOptions {
             weights: None,
             capacity: Capacity::Dropless,
             matmul: DEFAULT_MATMUL,
+            overrides: vec![],
             kv_cache: KvCacheFormat::default(),
         }
     }
@@ -125,6 +192,7 @@ struct Builder<'a> {
     src: &'a dyn TensorSource,
     naming: Naming,
     weights: Option<WeightFormat>,
+    overrides: &'a [WeightOverride],
 }
 
 impl Builder<'_> {
@@ -145,9 +213,27 @@ impl Builder<'_> {
                 m.rows, m.cols
             )));
         }
+        let wanted = Proj::of(part).and_then(|p| {
+            self.overrides
+                .iter()
+                .rev()
+                .find(|o| o.layer.is_none_or(|l| l == layer) && o.proj.is_none_or(|q| q == p))
+        });
+        let convert = |m: QuantMatrix, f: WeightFormat| {
+            QuantMatrix::quantize(f, rows, cols, &m.dequantize())
+                .map_err(|e| self.err(format!("tensor '{n}' as {f}: {e}")))
+        };
+        let m = match wanted {
+            Some(o) if o.simulate => {
+                let round_trip = convert(m, o.format)?;
+                QuantMatrix::quantize(WeightFormat::F32, rows, cols, &round_trip.dequantize())
+                    .map_err(|e| self.err(format!("tensor '{n}': {e}")))?
+            }
+            Some(o) => return convert(m, o.format),
+            None => m,
+        };
         match self.weights {
-            Some(f) if f != m.format => QuantMatrix::quantize(f, rows, cols, &m.dequantize())
-                .map_err(|e| self.err(format!("tensor '{n}' as {f}: {e}"))),
+            Some(f) if f != m.format => convert(m, f),
             _ => Ok(m),
         }
     }
@@ -168,7 +254,11 @@ impl Builder<'_> {
     }
 
     fn stack(&self, parts: &[&QuantMatrix], layer: usize) -> Result<QuantMatrix> {
-        QuantMatrix::stack(parts).map_err(|e| self.err(format!("layer {layer}: {e}")))
+        QuantMatrix::stack(parts).map_err(|e| {
+            self.err(format!(
+                "layer {layer}: {e} (Q/K/V and gate/up are stacked: override them together)"
+            ))
+        })
     }
 
     fn expert(
@@ -244,6 +334,7 @@ pub fn build(
         src,
         naming,
         weights: opts.weights,
+        overrides: &opts.overrides,
     };
     let layers = (0..cfg.layers)
         .map(|i| b.layer(i, &cfg))

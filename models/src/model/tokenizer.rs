@@ -18,6 +18,11 @@ pub struct TextTokenizer {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub vocab_size: usize,
+    /// Byte-level BPE without a normaliser: decoding the ids of a text gives the text back,
+    /// so a text it cannot (a byte without a token: SmolLM2's vocabulary lacks 21 of the 256,
+    /// control characters and the lead bytes above U+3FFFF among them) is refused rather than
+    /// silently shortened.
+    pub lossless: bool,
 }
 
 fn err(g: &Gguf, m: impl std::fmt::Display) -> KernelError {
@@ -74,15 +79,34 @@ impl TextTokenizer {
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
             vocab_size: tokens.len(),
+            lossless: true,
         })
     }
 
-    /// Token ids of `text` (no BOS added: SmolLM's files say add_bos_token = false).
+    /// Token ids of `text` (no BOS added: SmolLM's files say add_bos_token = false); for a
+    /// lossless tokenizer, an error naming the first character the vocabulary cannot hold.
     pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, KernelError> {
-        self.inner
+        let ids = self
+            .inner
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| KernelError::BadBuffer(format!("tokenizing: {e}")))
+            .map_err(|e| KernelError::BadBuffer(format!("tokenizing: {e}")))?;
+        if self.lossless {
+            let back = self.decode(&ids)?;
+            if back != text {
+                let at = text
+                    .char_indices()
+                    .zip(back.chars().map(Some).chain(std::iter::repeat(None)))
+                    .find(|((_, a), b)| Some(*a) != *b)
+                    .map_or(text.len(), |((i, _), _)| i);
+                let c = text[at..].chars().next().unwrap_or('?');
+                return Err(KernelError::BadBuffer(format!(
+                    "tokenizing: the vocabulary has no token for {c:?} (U+{:04X}) at byte {at} of the text",
+                    c as u32
+                )));
+            }
+        }
+        Ok(ids)
     }
 
     /// Text of `ids`.

@@ -148,7 +148,8 @@ impl Drafter for ModelDrafter {
             if node >= self.expanded {
                 break;
             }
-            self.kv.move_position(&self.table, ctx + node, ctx + 1 + j)?;
+            self.kv
+                .move_position(&self.table, ctx + node, ctx + 1 + j)?;
             self.cached.push(self.round[node]);
         }
         let kept = self.cached.len() - ctx;

@@ -200,7 +200,11 @@ pub fn generate(
         )));
     }
     let max_depth = cfg.shape.max_depth();
-    let slots = prompt.len() + max_new + cfg.shape.max_nodes() + 1;
+    let slots = prompt
+        .len()
+        .saturating_add(max_new)
+        .saturating_add(cfg.shape.max_nodes())
+        .saturating_add(1);
     // The last round's tree is stored after the committed tokens: all of it must fit.
     if prompt.is_empty() || max_new == 0 || slots > target.cfg.context {
         return Err(KernelError::InvalidShape(format!(

@@ -48,7 +48,10 @@ impl DecodeShape {
                 .filter(|&n| n > 0)
                 .ok_or_else(bad)
         };
-        let (q, k) = h.strip_prefix('h').and_then(|h| h.split_once('/')).ok_or_else(bad)?;
+        let (q, k) = h
+            .strip_prefix('h')
+            .and_then(|h| h.split_once('/'))
+            .ok_or_else(bad)?;
         let shape = DecodeShape {
             batch: num(b.strip_prefix('b'))?,
             q_heads: num(Some(q))?,
@@ -125,7 +128,8 @@ pub fn rows(
     };
     let q = normal_f32(&mut r, dshape.q_elems(s.batch), 1.0);
     let positions: Vec<usize> = (0..s.context).collect();
-    let f32_bytes = KvCacheFormat::default().bytes_per_token(s.context, s.kv_heads, s.head_dim, p.block_size);
+    let f32_bytes =
+        KvCacheFormat::default().bytes_per_token(s.context, s.kv_heads, s.head_dim, p.block_size);
     let mut rows: Vec<KvPrecisionRow> = vec![];
     for &f in p.formats {
         bar.set_message(format!("decode {} {f} ({})", s.label(), p.isa));
@@ -218,7 +222,12 @@ fn check(
             context_lens: vec![batch.context_lens[s]],
             block_tables: vec![batch.block_tables[s].clone()],
         };
-        want.extend(cache_reference(shape, &one, cache, &q[s * per..(s + 1) * per])?);
+        want.extend(cache_reference(
+            shape,
+            &one,
+            cache,
+            &q[s * per..(s + 1) * per],
+        )?);
         got.extend_from_slice(&out[s * per..(s + 1) * per]);
     }
     Ok(ErrorStats::compare(&got, &want))

@@ -163,11 +163,32 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     let decode = parts.iter().any(|p| p == "decode");
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
-    let n_quality: usize = loaded.iter().map(|m| m.texts.len()).sum::<usize>() * win.len() * chunks.len();
-    let n_decode = if decode { shapes.len() * block_sizes.len() * isas.len() } else { 0 };
+    for m in &loaded {
+        for (text, _, _) in &m.texts {
+            run.prov.inputs.insert(
+                format!("text {}", text.name),
+                format!("sha256:{}", text.sha256),
+            );
+        }
+    }
+    let n_quality: usize =
+        loaded.iter().map(|m| m.texts.len()).sum::<usize>() * win.len() * chunks.len();
+    let n_decode = if decode {
+        shapes.len() * block_sizes.len() * isas.len()
+    } else {
+        0
+    };
     let bar = run.progress_bar((n_quality + n_decode) * formats.len());
     let run_id = run.run_id.clone();
-    let head = |variant: &str| Head::new(&run_id, &spec.name, variant, &opts.device.to_string(), opts.seed);
+    let head = |variant: &str| {
+        Head::new(
+            &run_id,
+            &spec.name,
+            variant,
+            &opts.device.to_string(),
+            opts.seed,
+        )
+    };
     let mut failures = 0;
     for m in &mut loaded {
         for (text, tokens, wins) in &m.texts {

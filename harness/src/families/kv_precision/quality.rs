@@ -58,7 +58,12 @@ pub fn rows(
     let hidden = ProgressBar::hidden();
     for (k, w) in p.windows.iter().enumerate() {
         let one = std::slice::from_ref(w);
-        bar.set_message(format!("{}: window {}/{}, f32", p.model_name, k + 1, p.windows.len()));
+        bar.set_message(format!(
+            "{}: window {}/{}, f32",
+            p.model_name,
+            k + 1,
+            p.windows.len()
+        ));
         model.set_kv_cache(KvCacheFormat::default());
         let mut reference =
             run_chunked(model, p.tokens, one, p.prefill_chunk, None, true, &hidden)?;
@@ -80,9 +85,22 @@ pub fn rows(
                 t.seconds += reference.seconds;
                 continue;
             }
-            bar.set_message(format!("{}: window {}/{}, {f}", p.model_name, k + 1, p.windows.len()));
+            bar.set_message(format!(
+                "{}: window {}/{}, {f}",
+                p.model_name,
+                k + 1,
+                p.windows.len()
+            ));
             model.set_kv_cache(f);
-            let out = run_chunked(model, p.tokens, one, p.prefill_chunk, Some(&kept), false, &hidden)?;
+            let out = run_chunked(
+                model,
+                p.tokens,
+                one,
+                p.prefill_chunk,
+                Some(&kept),
+                false,
+                &hidden,
+            )?;
             add(&mut t.ppl.nll, &out.stats.nll);
             if let Some(kl) = out.kl {
                 add(&mut t.kl.kl, &kl.kl);
@@ -103,7 +121,12 @@ pub fn rows(
         let is_ref = f.is_f32();
         let (rel, max, snr) = storage_columns(&store);
         let mut h = head(&f.to_string());
-        h.status = if t.ppl.ppl().is_finite() { "ok" } else { "fail" }.into();
+        h.status = if t.ppl.ppl().is_finite() {
+            "ok"
+        } else {
+            "fail"
+        }
+        .into();
         h.reps = 1;
         h.median_ms = Some(t.seconds * 1e3);
         h.p10_ms = h.median_ms;
@@ -192,7 +215,12 @@ fn storage_errors(model: &mut Llama, p: &QualityPoint) -> Result<Vec<ErrorStats>
             while start < w.len {
                 let end = (start + p.prefill_chunk).min(w.len);
                 let pos: Vec<usize> = (start..end).collect();
-                cache.write(&table, &pos, &kr[start * per..end * per], &vr[start * per..end * per])?;
+                cache.write(
+                    &table,
+                    &pos,
+                    &kr[start * per..end * per],
+                    &vr[start * per..end * per],
+                )?;
                 start = end;
             }
             let (gk, gv) = cache.gather(&table, w.len)?;

@@ -61,7 +61,8 @@ pub fn tables(_spec: &ExperimentSpec, rows: &[KvPrecisionRow]) -> String {
                 r.delta_ppl.map_or("–".into(), |d| format!("{d:+.4}")),
                 fmt_err(r.kl_mean),
                 fmt_err(r.kl_stderr),
-                r.top1_agreement.map_or("–".into(), |t| format!("{:.2}%", 100.0 * t)),
+                r.top1_agreement
+                    .map_or("–".into(), |t| format!("{:.2}%", 100.0 * t)),
                 fmt_err(r.store_rel_l2),
                 fmt_opt(r.store_snr_db, 1),
                 fmt_opt(r.tokens_per_s, 1),

@@ -135,7 +135,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 weights: None,
                 capacity: moe_kernels::parse_capacity("dropless")?,
                 matmul: crate::registry::quant_variant("fused")?.1,
-                kv_cache: Default::default(),
+                ..LoadOptions::default()
             };
             let sampler = SamplerConfig {
                 temperature: temp as f32,
