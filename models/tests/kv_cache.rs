@@ -43,7 +43,11 @@ fn run(m: &models::Llama) -> Vec<f32> {
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
     (num / den).sqrt()
 }
@@ -102,7 +106,13 @@ fn speculative_moves_refuse_a_narrow_cache() {
     let m = model("tiny-gqa", "paged", "int8");
     let mut s = Session::new(&m, 32, 8).unwrap();
     s.forward_all(&[1, 2, 3]).unwrap();
-    let err = s.kv.move_position(&[0, 1, 2, 3], 2, 1).unwrap_err().to_string();
-    assert!(err.contains("f32 KV cache") && err.contains("int8"), "{err}");
+    let err =
+        s.kv.move_position(&[0, 1, 2, 3], 2, 1)
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.contains("f32 KV cache") && err.contains("int8"),
+        "{err}"
+    );
     assert!(!err.contains('\n'));
 }

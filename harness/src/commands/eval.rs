@@ -205,7 +205,7 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         model_id: meta.model,
         weights: a.weights.clone().unwrap_or_else(|| "native".into()),
         matmul: a.matmul.clone(),
-        kv_cache: a.kv_cache.clone(),
+        kv_cache: opts.kv_cache.to_string(),
         text: text.name,
         text_origin: text.origin,
         text_sha256: text.sha256,
