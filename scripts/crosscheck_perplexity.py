@@ -8,9 +8,9 @@ windows (llama.cpp's convention: chunks of --ctx tokens, the second half of each
   - transformers' float32 model loaded from the same GGUF (gguf_file=, dequantised to f32),
     against `harness eval perplexity --weights f32 --matmul fused` (f32 arithmetic).
 
-Every model scores the same token ids: ours (`--save-tokens`), which llama.cpp's tokenizer
-reproduces; transformers' own tokenizer built from the GGUF is compared with them (count and
-first difference) but not used. Writes the numbers, versions and the agreement to --out (the fixture that
+llama-perplexity tokenizes the text itself; llama-tokenize's ids are compared with ours
+(`--save-tokens`), and transformers scores our ids; its own tokenizer built from the GGUF is
+compared with them (count and first difference) but not used. Writes the numbers, versions and the agreement to --out (the fixture that
 harness/tests/eval.rs checks our numbers against) and prints a table.
 
   target/peers/venv/bin/python scripts/crosscheck_perplexity.py \\
@@ -53,6 +53,11 @@ def llama(a, text_path):
     return float(m.group(1)), float(m.group(2))
 
 
+def llama_tokens(a, text_path):
+    out = run([a.llama_tokenize, "-m", a.model, "-f", text_path, "--ids", "--log-disable"])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def transformers_ppl(a, text, ids):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -89,6 +94,8 @@ def main():
     p.add_argument("--harness", default=os.path.join(ROOT, "target/release/harness"))
     p.add_argument("--llama-perplexity",
                    default=os.path.join(ROOT, "target/peers/llama.cpp/build-native/bin/llama-perplexity"))
+    p.add_argument("--llama-tokenize",
+                   default=os.path.join(ROOT, "target/peers/llama.cpp/build-native/bin/llama-tokenize"))
     p.add_argument("--out", required=True)
     a = p.parse_args()
     text_path = TEXTS.get(a.text, a.text)
@@ -99,6 +106,7 @@ def main():
     os.remove(tokens_file)
     f32 = ours(a, ["--weights", "f32", "--matmul", "fused"])
     l_ppl, l_err = llama(a, text_path)
+    l_ids = llama_tokens(a, text_path)
     t_ppl, t_n, t_sha, t_len, t_diff = transformers_ppl(a, text, ids)
     with open(os.path.join(ROOT, "target/peers/llama.cpp/VERSION")) as f:
         llama_version = f.read().strip()
@@ -126,12 +134,14 @@ def main():
         "agreement": {
             "packed_vs_llama_cpp": rel(packed["ppl"], l_ppl),
             "f32_vs_transformers": rel(f32["ppl"], t_ppl),
+            "llama_cpp_tokenizer_agrees": l_ids == ids,
             "transformers_tokenizer_agrees": t_sha == packed["tokens_sha256"],
         },
     }
     with open(a.out, "w") as f:
         json.dump(fixture, f, indent=1)
         f.write("\n")
+    print(f"llama.cpp's tokenizer gives {'the same' if l_ids == ids else 'DIFFERENT'} ids ({len(l_ids)})")
     print(f"tokens: ours {packed['text_tokens']} ({packed['tokens_sha256'][:12]}); transformers' tokenizer {t_len} "
           f"({t_sha[:12]}), first difference at token {t_diff} (not used: every model scores our ids)")
     print(f"ours packed      PPL {packed['ppl']:.4f} +/- {packed['ppl_stderr']:.4f} | llama.cpp {l_ppl:.4f} +/- {l_err:.4f} | "

@@ -22,6 +22,8 @@ pub mod family;
 pub mod machine;
 /// Warm-up, cache flushing, repetitions and percentiles.
 pub mod measure;
+/// The memory guard: points whose estimated memory exceeds a budget are skipped.
+pub mod mem_guard;
 /// Models as experiments name them (`smollm2`, presets, paths) and speculative drafters.
 pub mod model_source;
 /// External peers (PyTorch SDPA, ...): manifests, the JSON-lines protocol, case files.

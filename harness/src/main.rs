@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use harness::checking::CheckOptions;
 use harness::commands::{check, eval, exp, generate, merge, replay};
 use harness::error::{HarnessError, Result};
+use harness::mem_guard::MemBudget;
 use harness::run_files::ExpOptions;
 use harness::sweep::{Shard, SweepOptions};
 use harness::{families, machine, peer, roofline, spec::ExperimentSpec, workspace, Format};
@@ -101,6 +102,11 @@ struct ExpArgs {
     /// Timed repetitions per point (after one untimed warm-up); default from the spec or 5.
     #[arg(long)]
     reps: Option<usize>,
+    /// Skip a grid point whose estimated memory (inputs, outputs, workspace, K/V, weights)
+    /// exceeds this, with a `skipped` row saying why: a size (8GiB, 500M) or a share of the
+    /// memory available at the start (50%). Default: 80% of the available memory.
+    #[arg(long, value_name = "SIZE")]
+    mem_budget: Option<String>,
     /// The sweep this run is a shard of, shared by all its shards (default: derived from the
     /// spec, the grid and the commit).
     #[arg(long, value_name = "ID")]
@@ -139,6 +145,7 @@ impl ExpArgs {
             peers: self.peers,
             no_peers: self.no_peers,
             sweep,
+            mem_budget: MemBudget::parse(self.mem_budget.as_deref())?,
         })
     }
 }

@@ -43,6 +43,8 @@ pub struct ExpOptions {
     pub peers_dir: PathBuf,
     /// `--shard`, `--sweep-id`, `--resume`, or `harness plan`.
     pub sweep: SweepOptions,
+    /// What a point may plan to hold before its runner skips it (`--mem-budget`).
+    pub mem_budget: crate::mem_guard::MemBudget,
 }
 
 /// Default timed repetitions per point.
@@ -438,7 +440,7 @@ fn provenance(
     run_id: &str,
     roof: Roofline,
 ) -> Provenance {
-    Provenance::start(
+    let mut prov = Provenance::start(
         run_id,
         &spec.name,
         spec_path,
@@ -448,7 +450,17 @@ fn provenance(
         opts.seed,
         grid,
         roof,
-    )
+    );
+    let budget = &opts.mem_budget;
+    prov.inputs.insert(
+        "mem_budget".into(),
+        format!(
+            "{} ({})",
+            crate::mem_guard::human(budget.bytes),
+            budget.origin
+        ),
+    );
+    prov
 }
 
 /// The roofline of this run's device, measured now.

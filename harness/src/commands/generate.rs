@@ -6,6 +6,7 @@
 //! output token, tokens/s).
 
 use crate::error::{HarnessError, Result};
+use crate::mem_guard::MemBudget;
 use crate::model_source::drafter;
 use crate::Format;
 use models::spec::driver::SpecConfig;
@@ -96,6 +97,10 @@ pub struct GenerateArgs {
     /// Worker threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Refuse a generation whose K/V cache would exceed this (a size such as 8GiB or a share
+    /// such as 50% of the available memory; default 80% of it).
+    #[arg(long, value_name = "SIZE")]
+    pub mem_budget: Option<String>,
     /// table streams the text; json prints one object at the end.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
@@ -223,6 +228,7 @@ impl Streamer<'_> {
 /// Runs the generation; returns the exit code.
 pub fn run(args: &GenerateArgs) -> Result<i32> {
     let mut sampler = Sampler::new(args.sampler())?;
+    let budget = MemBudget::parse(args.mem_budget.as_deref())?;
     if args.max_new_tokens == 0 {
         return Err(HarnessError::Usage(
             "--max-new-tokens must be at least 1".into(),
@@ -245,6 +251,13 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
             args.max_new_tokens,
             model.cfg.context
         )));
+    }
+    let tokens = prompt_ids.len() + args.max_new_tokens;
+    let blocks = tokens.div_ceil(args.block_size.max(1)) * args.block_size.max(1);
+    let c = &model.cfg;
+    let kv = crate::mem_guard::product(&[blocks, c.layers, 2, c.kv_heads, c.head_dim, 4]);
+    if let Some(note) = budget.refuse(kv, &format!("the K/V cache of {tokens} tokens")) {
+        return Err(HarnessError::Usage(format!("this generation {note}")));
     }
     let mut session = Session::new(
         model,

@@ -51,8 +51,12 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         if !run.owns(&key) {
             continue;
         }
-        let mut runner =
-            PointRunner::new(point, derive_seed(opts.seed, index as u64), &spec.limits);
+        let mut runner = PointRunner::new(
+            point,
+            derive_seed(opts.seed, index as u64),
+            &spec.limits,
+            &opts.mem_budget,
+        );
         if !peers.is_empty() {
             bar.set_message(format!("{} {} with peers", point.mode, point.shape.label()));
             let rows = super::peers::measure_point(

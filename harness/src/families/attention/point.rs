@@ -7,6 +7,7 @@ use super::cols::{AttentionCols, ExpRow};
 use super::grid::Point;
 use crate::alloc;
 use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::mem_guard::{human, MemBudget};
 use crate::roofline::Roofline;
 use crate::row::{Head, Row};
 use crate::spec::Limits;
@@ -20,16 +21,23 @@ pub(super) struct PointRunner<'a> {
     point: &'a Point,
     seed: u64,
     limits: &'a Limits,
+    budget: &'a MemBudget,
     inputs: Option<AttentionInputs>,
     reference: Option<(Vec<QueryRow>, Vec<f64>)>,
 }
 
 impl<'a> PointRunner<'a> {
-    pub(super) fn new(point: &'a Point, seed: u64, limits: &'a Limits) -> PointRunner<'a> {
+    pub(super) fn new(
+        point: &'a Point,
+        seed: u64,
+        limits: &'a Limits,
+        budget: &'a MemBudget,
+    ) -> PointRunner<'a> {
         PointRunner {
             point,
             seed,
             limits,
+            budget,
             inputs: None,
             reference: None,
         }
@@ -111,23 +119,46 @@ impl<'a> PointRunner<'a> {
                 self.limits.max_gflop
             ))
         } else {
-            None
+            self.over_budget(0)
         }
+    }
+
+    /// The memory guard: Q, K, V as stored and in f32, the output and its poisoned copy, and
+    /// `workspace` bytes, against the run's budget.
+    fn over_budget(&self, workspace: u64) -> Option<String> {
+        let s = &self.point.shape;
+        let per_elem = (self.point.dtype.size() + 4) as u64;
+        let inputs = (s.q_elems() as u64)
+            .saturating_add(2 * s.kv_elems() as u64)
+            .saturating_mul(per_elem);
+        let outputs = (s.q_elems() as u64).saturating_mul(8);
+        let what = format!(
+            "Q/K/V {}, output {}, workspace {}",
+            human(inputs),
+            human(outputs),
+            human(workspace)
+        );
+        self.budget.refuse(
+            inputs.saturating_add(outputs).saturating_add(workspace),
+            &what,
+        )
     }
 
     /// Why the limits skip this variant here, if they do: the point's, then its workspace.
     fn over_limit(&self, kernel: &dyn AttentionKernel, row: &ExpRow) -> Option<String> {
         let s = &self.point.shape;
-        let scratch_mib =
-            kernel.workspace_bytes(s, rayon::current_num_threads()) as f64 / (1 << 20) as f64;
-        self.point_over_limit(row.flops).or_else(|| {
-            (scratch_mib > self.limits.max_scores_mib).then(|| {
-                format!(
-                    "workspace {scratch_mib:.0} MiB > max_scores_mib {}",
-                    self.limits.max_scores_mib
-                )
+        let scratch = kernel.workspace_bytes(s, rayon::current_num_threads());
+        let scratch_mib = scratch as f64 / (1 << 20) as f64;
+        self.point_over_limit(row.flops)
+            .or_else(|| {
+                (scratch_mib > self.limits.max_scores_mib).then(|| {
+                    format!(
+                        "workspace {scratch_mib:.0} MiB > max_scores_mib {}",
+                        self.limits.max_scores_mib
+                    )
+                })
             })
-        })
+            .or_else(|| self.over_budget(scratch))
     }
 
     /// Rows checked against the reference: first and last batch entry, first, middle and

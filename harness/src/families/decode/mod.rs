@@ -268,6 +268,12 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 let ctx = ctx_for(m);
                 for &b in &batches {
                     bar.set_message(format!("{name} {w}: decode batch {b}"));
+                    let phase = decode_phase(b);
+                    if let Some(note) = ctx.over_budget(&phase, m.cfg.vocab, &opts.mem_budget) {
+                        rows.push(ctx.skipped("model", mname, &phase, note));
+                        bar.inc(1);
+                        continue;
+                    }
                     let point = PeerPoint::decode(b, context, steps);
                     // With a peer at the point, rounds alternate: ours, each peer, again.
                     let rounds = if peers.live_at(&slots, &point) { 3 } else { 1 };
@@ -280,13 +286,19 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         }
                         peers.time_round(&mut slots, path, &point);
                     }
-                    let row = ctx.row("model", mname, &decode_phase(b), &Timing { samples }, err);
+                    let row = ctx.row("model", mname, &phase, &Timing { samples }, err);
                     failures += usize::from(row.head.status == "fail");
                     rows.push(row);
                     bar.inc(1);
                 }
                 for &p in &prefill {
                     bar.set_message(format!("{name} {w}: prefill {p}"));
+                    let phase = prefill_phase(p);
+                    if let Some(note) = ctx.over_budget(&phase, m.cfg.vocab, &opts.mem_budget) {
+                        rows.push(ctx.skipped("model", mname, &phase, note));
+                        bar.inc(1);
+                        continue;
+                    }
                     let point = PeerPoint::prefill(p);
                     let rounds = if peers.live_at(&slots, &point) { 3 } else { 2 };
                     let ids = prompt(0, p, m.cfg.vocab);
@@ -298,7 +310,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         samples.push(t0.elapsed().as_secs_f64());
                         peers.time_round(&mut slots, path, &point);
                     }
-                    let row = ctx.row("model", mname, &prefill_phase(p), &Timing { samples }, None);
+                    let row = ctx.row("model", mname, &phase, &Timing { samples }, None);
                     rows.push(row);
                     bar.inc(1);
                 }

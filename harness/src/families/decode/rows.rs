@@ -7,7 +7,7 @@ use crate::row::{Head, Row};
 use serde::{Deserialize, Serialize};
 
 /// One model × weights × phase × batch. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct DecodeCols {
     pub model: String,
     pub weights: String,
@@ -68,6 +68,49 @@ pub struct Phase<'a> {
 }
 
 impl RowCtx<'_> {
+    /// What `phase` holds besides the weights, for the memory guard: its K/V cache and the
+    /// batch's logits and activations; the note when the weights and that are over `budget`.
+    pub fn over_budget(
+        &self,
+        phase: &Phase,
+        vocab: usize,
+        budget: &crate::mem_guard::MemBudget,
+    ) -> Option<String> {
+        use crate::mem_guard::human;
+        let acts = crate::mem_guard::product(&[phase.tokens, vocab, 8]);
+        let (w, kv) = (self.wbytes as u64, phase.kv_bytes as u64);
+        let what = format!(
+            "weights {}, K/V {}, logits {}",
+            human(w),
+            human(kv),
+            human(acts)
+        );
+        budget.refuse(w.saturating_add(kv).saturating_add(acts), &what)
+    }
+
+    /// The row of a phase the memory guard skipped: its columns, no timing.
+    pub fn skipped(&self, variant: &str, matmul: &str, phase: &Phase, note: String) -> DecodeRow {
+        Row {
+            head: Head {
+                status: "skipped".into(),
+                ..Head::new(self.run_id, self.exp, variant, &self.device, self.seed)
+            },
+            cols: DecodeCols {
+                model: self.model.into(),
+                weights: self.weights.into(),
+                matmul: matmul.into(),
+                phase: phase.name.into(),
+                batch: phase.batch,
+                context: phase.context,
+                weight_mb: self.wbytes / 1e6,
+                kv_mb: phase.kv_bytes / 1e6,
+                bandwidth_gbs: self.bw,
+                ..DecodeCols::default()
+            },
+            note,
+        }
+    }
+
     /// The row of `variant` (product `matmul`) for `phase` timed by `t`.
     pub fn row(
         &self,

@@ -20,7 +20,7 @@ fn f32_name() -> String {
 }
 
 /// One variant at one grid point.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct MoeCols {
     /// `e8 k2`, `e8 ec` (the plots' panels)
     pub config: String,

@@ -60,6 +60,64 @@ struct Point<'a> {
     yardstick: &'a [f64],
 }
 
+/// The columns of a row that one convention at one layer fixes (the routing's statistics,
+/// timing and error left empty: a skipped point has only these).
+fn convention_cols(layer: &Layer, cfg: &MoeConfig, dtype: DType) -> MoeCols {
+    MoeCols {
+        config: match cfg.top_k() {
+            Some(k) => format!("e{} k{k}", cfg.experts),
+            None => format!("e{} ec", cfg.experts),
+        },
+        tokens: cfg.tokens,
+        d_model: cfg.d_model,
+        d_ff: cfg.d_ff,
+        experts: cfg.experts,
+        top_k: cfg.top_k(),
+        capacity: match cfg.capacity {
+            Capacity::Dropless => "dropless".into(),
+            Capacity::Factor(f) => f.to_string(),
+        },
+        capacity_factor: match cfg.capacity {
+            Capacity::Dropless => None,
+            Capacity::Factor(f) => Some(f),
+        },
+        skew: layer.skew,
+        policy: cfg.policy().map_or("", |p| p.name()).into(),
+        norm: cfg.norm.name().into(),
+        routing: cfg.choice.routing_name().into(),
+        min_capacity: cfg.min_capacity,
+        dtype: dtype.to_string(),
+        ..MoeCols::default()
+    }
+}
+
+/// What one layer's point holds at once, estimated for the memory guard: the weights (and a
+/// device variant's rounded copy), the tokens, the outputs (f32 run, f32 and f64 yardstick),
+/// the router's scores, and the grouped variants' gathered inputs and hidden activations.
+fn layer_bytes(layer: &Layer, conventions: &[MoeConfig]) -> (u64, String) {
+    use crate::mem_guard::{human, product};
+    let per_token = conventions
+        .iter()
+        .map(|c| c.top_k().unwrap_or(c.experts))
+        .max()
+        .unwrap_or(1);
+    let weights = 2 * 4 * product(&[layer.experts, 3, layer.d_model, layer.d_ff]);
+    let tokens = product(&[layer.tokens, layer.d_model, 4 + 4 + 4 + 8]);
+    let router = product(&[layer.tokens, layer.experts, 8 * 2]);
+    let routed = product(&[layer.tokens, per_token, layer.d_model + 2 * layer.d_ff, 4]);
+    let total = weights
+        .saturating_add(tokens)
+        .saturating_add(router)
+        .saturating_add(routed);
+    let what = format!(
+        "weights {}, tokens and outputs {}, routed activations {}",
+        human(weights),
+        human(tokens.saturating_add(router)),
+        human(routed)
+    );
+    (total, what)
+}
+
 impl Point<'_> {
     /// The columns of a row of this point for storage `dtype`, timing `flops`.
     fn cols(&self, layer: &Layer, dtype: DType, flops: u64) -> MoeCols {
@@ -69,30 +127,7 @@ impl Point<'_> {
         let active = router_params + (per_token * cfg.expert_params() as f64) as u64;
         let total = router_params + (cfg.experts * cfg.expert_params()) as u64;
         MoeCols {
-            config: match cfg.top_k() {
-                Some(k) => format!("e{} k{k}", cfg.experts),
-                None => format!("e{} ec", cfg.experts),
-            },
-            tokens: cfg.tokens,
-            d_model: cfg.d_model,
-            d_ff: cfg.d_ff,
-            experts: cfg.experts,
-            top_k: cfg.top_k(),
-            capacity: match cfg.capacity {
-                Capacity::Dropless => "dropless".into(),
-                Capacity::Factor(f) => f.to_string(),
-            },
-            capacity_factor: match cfg.capacity {
-                Capacity::Dropless => None,
-                Capacity::Factor(f) => Some(f),
-            },
             capacity_slots: self.routing.capacity,
-            skew: layer.skew,
-            policy: cfg.policy().map_or("", |p| p.name()).into(),
-            norm: cfg.norm.name().into(),
-            routing: cfg.choice.routing_name().into(),
-            min_capacity: cfg.min_capacity,
-            dtype: dtype.to_string(),
             gflops: None,
             flops,
             assignments: Some(s.assignments),
@@ -112,6 +147,7 @@ impl Point<'_> {
             active_params: active,
             total_params: total,
             active_ratio: active as f64 / total as f64,
+            ..convention_cols(layer, cfg, dtype)
         }
     }
 
@@ -234,6 +270,31 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         let mut rows = vec![];
         let conventions = mgrid.conventions(layer);
         let seed = derive_seed(opts.seed, li as u64);
+        let (need, what) = layer_bytes(layer, &conventions);
+        if let Some(note) = opts.mem_budget.refuse(need, &what) {
+            for cfg in &conventions {
+                for (vname, variant) in &variants {
+                    let dtype = match *variant {
+                        ExpertVariant::CudaGrouped(dtype) => dtype,
+                        _ => DType::F32,
+                    };
+                    let head = Head::new(
+                        &run.run_id,
+                        &spec.name,
+                        vname,
+                        &opts.device.to_string(),
+                        seed,
+                    );
+                    let mut row = Row::new(head, convention_cols(layer, cfg, dtype));
+                    row.head.status = "skipped".into();
+                    row.note = note.clone();
+                    rows.push(row);
+                    bar.inc(1);
+                }
+            }
+            run.write_point(&key, &rows)?;
+            continue;
+        }
         bar.set_message(format!(
             "weights e{} t{} skew {}",
             layer.experts, layer.tokens, layer.skew

@@ -142,6 +142,34 @@ fn dense_reference(w: &[f32], cols: usize, x: &[f32], batch: usize, rows: &[usiz
 }
 
 /// Runs a quant-family experiment (called by `exp::run` once the spec and grid are loaded).
+/// What one (shape, weights) point holds at once, estimated for the memory guard: the f32
+/// weights and a dequantised copy, every format stored and laid out for a variant, and the
+/// largest batch's activations, outputs and f64 reference rows.
+fn shape_bytes(
+    rows: usize,
+    cols: usize,
+    formats: &[WeightFormat],
+    batches: &[usize],
+) -> (u64, String) {
+    use crate::mem_guard::{human, product};
+    let elems = product(&[rows, cols]);
+    let dense = elems.saturating_mul(8);
+    let stored: f64 = formats
+        .iter()
+        .map(|f| 2.0 * f.bits_per_weight() / 8.0)
+        .sum();
+    let stored = (elems as f64 * stored).min(u64::MAX as f64) as u64;
+    let batch = batches.iter().copied().max().unwrap_or(1);
+    let acts = product(&[batch, rows + cols, 4 + 4 + 8]);
+    let what = format!(
+        "f32 weights {}, stored formats {}, activations {}",
+        human(dense),
+        human(stored),
+        human(acts)
+    );
+    (dense.saturating_add(stored).saturating_add(acts), what)
+}
+
 pub fn run(req: &ExpRequest) -> Result<i32> {
     let (opts, spec, names, reps) = (req.opts, req.spec, &req.names, req.reps);
     let qgrid = QuantGrid::parse(&req.grid)?;
@@ -189,6 +217,44 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 cols,
                 weights: dist.name(),
             };
+            let (need, what) = shape_bytes(rows, cols, &qgrid.formats, &qgrid.batches);
+            if let Some(note) = opts.mem_budget.refuse(need, &what) {
+                let skipped = |variant: &str, format, batch| {
+                    let mut row = base.format_row(variant, format, batch, None);
+                    row.head.status = "skipped".into();
+                    row.note = note.clone();
+                    row
+                };
+                if peers.quantizes() && run.owns(&key(0)) {
+                    let rows: Vec<QuantRow> = qgrid
+                        .formats
+                        .iter()
+                        .map(|&f| {
+                            let mut row = skipped("quantize", f, 0);
+                            row.op = "quantize".into();
+                            row
+                        })
+                        .collect();
+                    bar.inc(rows.len() as u64);
+                    run.write_point(&key(0), &rows)?;
+                }
+                for &batch in &qgrid.batches {
+                    if !run.owns(&key(batch)) {
+                        continue;
+                    }
+                    let mut rows = vec![];
+                    for &format in &qgrid.formats {
+                        for (vname, variant) in &variants {
+                            if quant_kernels::supports(*variant, format).is_ok() {
+                                rows.push(skipped(vname, format, batch));
+                            }
+                        }
+                    }
+                    bar.inc(rows.len() as u64);
+                    run.write_point(&key(batch), &rows)?;
+                }
+                continue;
+            }
             bar.set_message(format!("sampling {rows}x{cols} {} weights", dist.name()));
             let w = dist.sample(rows, cols, seed);
             // 256 rows: 16 gave output errors too noisy to rank formats by.
