@@ -8,7 +8,7 @@
 
 use crate::error::{HarnessError, Result};
 use indicatif::ProgressBar;
-use models::eval::perplexity::{evaluate, KlStats, PplStats, Window};
+use models::eval::perplexity::{evaluate_chunked, KlStats, PplStats, Window};
 use models::Llama;
 use std::collections::HashMap;
 use std::io::Write;
@@ -198,6 +198,20 @@ pub fn run(
     keep: bool,
     bar: &ProgressBar,
 ) -> Result<Outcome> {
+    run_chunked(model, tokens, windows, usize::MAX, reference, keep, bar)
+}
+
+/// `run` with each window prefilled in pieces of `prefill_chunk` tokens
+/// (`evaluate_chunked`).
+pub fn run_chunked(
+    model: &Llama,
+    tokens: &[u32],
+    windows: &[Window],
+    prefill_chunk: usize,
+    reference: Option<&RefLogits>,
+    keep: bool,
+    bar: &ProgressBar,
+) -> Result<Outcome> {
     let vocab = model.cfg.vocab;
     let scored: usize = windows.iter().map(Window::scored).sum();
     if let Some(r) = reference {
@@ -213,11 +227,12 @@ pub fn run(
     let mut kept = keep.then(|| Vec::with_capacity(scored * vocab));
     let mut row = 0;
     let started = Instant::now();
-    let stats = evaluate(
+    let stats = evaluate_chunked(
         model,
         tokens,
         windows,
         16,
+        prefill_chunk,
         |r| {
             if let (Some(kl), Some(reference)) = (kl.as_mut(), reference) {
                 kl.add(

@@ -9,7 +9,7 @@ mod common;
 use common::TempDir;
 #[path = "common/specs.rs"]
 mod specs;
-use specs::{decode_spec, TINY, TINY_MOE, TINY_QUANT};
+use specs::{decode_spec, TINY, TINY_KV, TINY_MOE, TINY_QUANT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
 const REPO_ROOFLINE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../results/roofline");
@@ -138,6 +138,7 @@ impl Setup {
         fs::write(exps.join("tiny.toml"), TINY).unwrap();
         fs::write(exps.join("tinyq.toml"), TINY_QUANT).unwrap();
         fs::write(exps.join("tinymoe.toml"), TINY_MOE).unwrap();
+        fs::write(exps.join("tinykv.toml"), TINY_KV).unwrap();
         let seeded = seed_roofline(&results);
         Setup {
             _tmp: tmp,
@@ -356,6 +357,16 @@ fn bad_pipeline_experiments_write_nothing() {
     );
     s.expect_usage_error(&quick(&["spec_tree", "--set", "prompt=poem"]), "poem");
     s.expect_usage_error(&quick(&["spec_tree", "--set", "adaptive=maybe"]), "maybe");
+    let tiny_kv = |set: &'static str| -> Vec<&'static str> { vec!["exp", "tinykv", "--set", set] };
+    s.expect_usage_error(&tiny_kv("kv_cache=int9"), "int9");
+    s.expect_usage_error(&tiny_kv("kv_cache=progressive:window=8"), "old=");
+    s.expect_usage_error(&tiny_kv("part=both"), "both");
+    s.expect_usage_error(&tiny_kv("window=64x0"), "64x0");
+    s.expect_usage_error(&tiny_kv("window=9000x1"), "context");
+    s.expect_usage_error(&tiny_kv("window=2048x40"), "gpl3");
+    s.expect_usage_error(&tiny_kv("decode=b1:h3/2:d8:ctx4"), "b1:h3/2:d8:ctx4");
+    s.expect_usage_error(&tiny_kv("block_size=0"), "block");
+    s.expect_usage_error(&tiny_kv("model=nosuch"), "nosuch");
     // These two need the fetched model (the spec experiment runs on SmolLM2 only).
     if models::smollm2_path().exists() {
         s.expect_usage_error(&quick(&["spec_tree", "--set", "drafter=nosuch"]), "nosuch");
@@ -613,6 +624,67 @@ fn tiny_quant_experiment_writes_rows_and_plots() {
     let md = fs::read_to_string(csv_path.with_extension("md")).unwrap();
     assert!(
         md.contains("## Quantisation error") && md.contains("sym3g32"),
+        "{md}"
+    );
+}
+
+#[test]
+fn tiny_kv_precision_experiment_writes_rows_and_plots() {
+    let s = Setup::new("tiny_kv");
+    let out = s.run(&["exp", "tinykv", "--threads", "2"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "exp tinykv failed:\n{stderr}");
+    let dir = s.results.join("tinykv");
+    assert_eq!(files_with_ext(&dir, "svg").len(), 2, "plot and extra plot");
+    let csv_path = files_with_ext(&dir, "csv").remove(0);
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let col = |name: &str| column(&headers, name);
+    let (part, kv, status, kl, top1, bytes, speedup, err) = (
+        col("part"),
+        col("kv_cache"),
+        col("status"),
+        col("kl_mean"),
+        col("top1_agreement"),
+        col("bytes_vs_f32"),
+        col("speedup_vs_f32"),
+        col("rel_l2_err"),
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    // f32 and the three grid formats, quality and decode.
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for r in &rows {
+        assert_eq!(&r[status], "ok", "{r:?}");
+        let ratio: f64 = r[bytes].parse().unwrap();
+        if &r[kv] == "f32" {
+            assert_eq!(ratio, 1.0);
+        } else {
+            assert!(ratio > 0.2 && ratio < 0.6, "{r:?}");
+        }
+        if &r[part] == "quality" {
+            let (kl, top1): (f64, f64) = (r[kl].parse().unwrap(), r[top1].parse().unwrap());
+            assert!(
+                kl.is_finite() && kl >= 0.0 && top1 > 0.0 && top1 <= 1.0,
+                "{r:?}"
+            );
+            assert_eq!(
+                &r[kv] == "f32",
+                kl == 0.0,
+                "only the f32 cache has no KL: {r:?}"
+            );
+        } else {
+            assert!(!r[speedup].is_empty(), "{r:?}");
+            assert!(r[err].parse::<f64>().unwrap() < 1e-4, "{r:?}");
+        }
+    }
+    let prov = fs::read_to_string(csv_path.with_extension("json")).unwrap();
+    assert!(
+        prov.contains("\"text gpl3\""),
+        "the text's sha256 in the provenance: {prov}"
+    );
+    let md = fs::read_to_string(csv_path.with_extension("md")).unwrap();
+    assert!(
+        md.contains("## Quality: tiny-gqa on gpl3") && md.contains("## Paged decode b2:h4/2"),
         "{md}"
     );
 }

@@ -3,8 +3,10 @@
 //! checkpoint fixture gives transformers' greedy ids through the CLI; presets generate in other
 //! weight formats; bad input (a missing or non-GGUF file, a shape-only preset, ids outside the
 //! vocabulary, bad sampling parameters, no prompt, no tokenizer, a prompt that is not UTF-8,
-//! SmolLM2 with a few header bytes changed) is one line and exit 2; sampling with a seed
-//! repeats itself; speculative runs report an acceptance rate that agrees with their drafter.
+//! SmolLM2 with a few header bytes changed, a bad --kv-cache) is one line and exit 2; sampling
+//! with a seed repeats itself; speculative runs report an acceptance rate that agrees with
+//! their drafter; presets generate over narrow KV caches, and `eval perplexity --kv-cache int8`
+//! scores SmolLM2 against its f32 cache's saved logits (KL, top-1).
 
 mod common;
 
@@ -523,4 +525,94 @@ fn a_prompt_smollm2_has_no_tokens_for_is_refused_not_shortened() {
         let out = generate(&["--model", m.to_str().unwrap(), "--prompt", prompt]);
         one_line_exit_2(&out, needle);
     }
+}
+
+fn eval_perplexity(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["eval", "perplexity"])
+        .args(args)
+        .output()
+        .expect("the harness binary runs")
+}
+
+#[test]
+fn the_kv_cache_format_from_the_cli() {
+    for kv in ["int8", "fp8:per_head", "progressive:window=8,old=int8"] {
+        let v = json_ok(&generate(&[
+            "--model",
+            "tiny-gqa",
+            "--prompt-ids",
+            "1,17,93,5,64,127,33,2,88,41,7",
+            "--max-new-tokens",
+            "12",
+            "--attention",
+            "paged",
+            "--block-size",
+            "4",
+            "--kv-cache",
+            kv,
+            "--format",
+            "json",
+        ]));
+        assert_eq!(v["kv_cache"], kv);
+        assert_eq!(v["generated_ids"].as_array().unwrap().len(), 12, "{kv}");
+    }
+    let bad = |flag: &str, value: &str, extra: &[&str]| {
+        let mut a = vec!["--model", "tiny-gqa", "--prompt-ids", "1,2,3", flag, value];
+        a.extend_from_slice(extra);
+        generate(&a)
+    };
+    one_line_exit_2(&bad("--kv-cache", "int9", &[]), "int9");
+    one_line_exit_2(
+        &bad("--kv-cache", "progressive:window=0,old=int8", &[]),
+        "window",
+    );
+    one_line_exit_2(&bad("--kv-cache", "progressive:window=8", &[]), "old=");
+    one_line_exit_2(
+        &bad("--kv-cache", "int8", &["--spec-draft", "ngram"]),
+        "--spec-draft",
+    );
+    one_line_exit_2(
+        &eval_perplexity(&["--model", "tiny-gqa", "--text", "gpl3", "--kv-cache", "fp9"]),
+        "fp9",
+    );
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let tmp = TempDir::new("generate", "kv_cache_eval");
+    let logits = tmp.join("f32.logits");
+    let eval = |kv: &str, logits_flag: &str| {
+        let out = eval_perplexity(&[
+            "--model",
+            m,
+            "--text",
+            "gpl3",
+            "--ctx",
+            "64",
+            "--chunks",
+            "2",
+            "--kv-cache",
+            kv,
+            logits_flag,
+            logits.to_str().unwrap(),
+            "--format",
+            "json",
+        ]);
+        json_ok(&out)
+    };
+    let reference = eval("f32", "--save-logits");
+    let narrow = eval("int8", "--reference-logits");
+    assert_eq!(narrow["kv_cache"], "int8");
+    let (p32, p8) = (
+        reference["ppl"].as_f64().unwrap(),
+        narrow["ppl"].as_f64().unwrap(),
+    );
+    assert!(p8.is_finite() && p8 != p32, "f32 {p32}, int8 {p8}");
+    let kl = narrow["kl_mean"].as_f64().unwrap();
+    let top1 = narrow["top1_agreement"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 0.5, "KL {kl}");
+    assert!(top1 > 0.5 && top1 <= 1.0, "top-1 {top1}");
+    one_line_exit_2(
+        &eval_perplexity(&["--model", m, "--text", "gpl3", "--kv-cache", "progressive"]),
+        "window",
+    );
 }

@@ -20,7 +20,7 @@ use common::TempDir;
 mod specs;
 #[path = "common/sweeps.rs"]
 mod sweeps;
-use specs::{decode_spec, TINY, TINY_MOE, TINY_QUANT};
+use specs::{decode_spec, TINY, TINY_KV, TINY_MOE, TINY_QUANT};
 use sweeps::{plain_csv, points_of};
 
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
@@ -49,6 +49,7 @@ impl Setup {
             ("tiny", TINY.to_string()),
             ("tinyq", TINY_QUANT.to_string()),
             ("tinymoe", TINY_MOE.to_string()),
+            ("tinykv", TINY_KV.to_string()),
             // Decode points of ~0.3 s each (16 timed calls per variant, a 64 MiB cache
             // flush before each), to be interrupted.
             (
@@ -224,6 +225,7 @@ fn three_shards_of_every_family_merge_to_the_unsharded_rows() {
     shards_match_whole(&s, &["tiny", "--set", "kv_len=64,96,128,160"], 3);
     shards_match_whole(&s, &["tinyq"], 3);
     shards_match_whole(&s, &["tinymoe", "--set", "top_k=1,2"], 3);
+    shards_match_whole(&s, &["tinykv", "--set", "window=64x2,32x2"], 3);
     shards_match_whole(&s, &["kv_calc", "--quick"], 3);
     shards_match_whole(&s, &["kv_alloc", "--quick"], 3);
     shards_match_whole(&s, &["batching", "--quick"], 3);

@@ -37,6 +37,12 @@ pub struct PerplexityArgs {
     /// float32 arithmetic).
     #[arg(long, default_value = "packed")]
     pub matmul: String,
+    /// What the KV cache stores (as `harness generate --kv-cache`): f32, f16, bf16, fp8,
+    /// int8, fp8:per_head, int8:per_head, progressive:window=N,old=FORMAT[,recent=FORMAT].
+    /// Each window is one prefill chunk, so a progressive cache has aged the window's blocks
+    /// past N tokens before the chunk's attention reads them.
+    #[arg(long, default_value = "f32")]
+    pub kv_cache: String,
     /// Tokens per window.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
@@ -73,6 +79,7 @@ pub struct PerplexityReport {
     pub model_id: String,
     pub weights: String,
     pub matmul: String,
+    pub kv_cache: String,
     pub text: String,
     pub text_origin: String,
     pub text_sha256: String,
@@ -134,6 +141,7 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         attention: "paged".into(),
         weights,
         matmul,
+        kv_cache: paged_kernels::KvCacheFormat::parse(&a.kv_cache)?,
         ..LoadOptions::default()
     };
     let loaded = load(&path, &opts)?;
@@ -197,6 +205,7 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         model_id: meta.model,
         weights: a.weights.clone().unwrap_or_else(|| "native".into()),
         matmul: a.matmul.clone(),
+        kv_cache: opts.kv_cache.to_string(),
         text: text.name,
         text_origin: text.origin,
         text_sha256: text.sha256,
@@ -228,11 +237,12 @@ impl PerplexityReport {
     /// The table form: a few lines.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{} ({}) weights {} matmul {}\ntext {} ({}, sha256 {}…): {} tokens, {} windows of {} (stride {}), {} scored\nPPL = {:.4} +/- {:.5} (95% CI {:.4}–{:.4}), mean NLL {:.5}\n",
+            "{} ({}) weights {} matmul {} kv-cache {}\ntext {} ({}, sha256 {}…): {} tokens, {} windows of {} (stride {}), {} scored\nPPL = {:.4} +/- {:.5} (95% CI {:.4}–{:.4}), mean NLL {:.5}\n",
             self.model,
             self.model_id,
             self.weights,
             self.matmul,
+            self.kv_cache,
             self.text,
             self.text_origin,
             &self.text_sha256[..12],

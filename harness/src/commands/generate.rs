@@ -11,6 +11,7 @@ use crate::model_source::drafter;
 use crate::Format;
 use models::spec::driver::SpecConfig;
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
+use paged_kernels::KvCacheFormat;
 use quant_kernels::WeightFormat;
 use serde::Serialize;
 use spec_kernels::TreeShape;
@@ -59,6 +60,13 @@ pub struct GenerateArgs {
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// What the KV cache stores: f32, f16, bf16, fp8 (E4M3) or int8 (a scale per block and KV
+    /// head; fp8:per_head / int8:per_head: one per KV head, set by the prompt), or
+    /// progressive:window=N,old=FORMAT[,recent=FORMAT] (the last N tokens in recent — f16 by
+    /// default — and blocks older than that re-encoded in old). Every attention reads it as
+    /// stored, the prompt's too.
+    #[arg(long, default_value = "f32")]
+    pub kv_cache: String,
     /// Convert every weight matrix to this format: f32, f16, q8_0, q4_0, q4_1, sym4g32, ...
     /// (default: keep the checkpoint's).
     #[arg(long)]
@@ -110,6 +118,7 @@ impl GenerateArgs {
                 .transpose()?,
             capacity: moe_kernels::parse_capacity(&self.capacity)?,
             matmul: crate::registry::quant_variant(&self.matmul)?.1,
+            kv_cache: KvCacheFormat::parse(&self.kv_cache)?,
             ..LoadOptions::default()
         })
     }
@@ -137,6 +146,8 @@ pub struct Generation {
     pub tokens_per_s: Option<f64>,
     /// The projections' product (--matmul) and the CPU kernels' ISA tier (--isa).
     pub matmul: String,
+    /// What the KV cache stored (--kv-cache).
+    pub kv_cache: String,
     pub isa: String,
     /// Speculative decoding statistics (with --spec-draft).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -223,7 +234,14 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
             "--max-new-tokens must be at least 1".into(),
         ));
     }
-    let loaded = load(&args.model, &args.load_options()?)?;
+    let opts = args.load_options()?;
+    if args.spec_draft.is_some() && !opts.kv_cache.is_f32() {
+        return Err(HarnessError::Usage(format!(
+            "--spec-draft runs tree attention over an f32 KV cache; drop --kv-cache {}",
+            args.kv_cache
+        )));
+    }
+    let loaded = load(&args.model, &opts)?;
     let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
     let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
     if prompt_ids.len().saturating_add(args.max_new_tokens) > model.cfg.context {
@@ -287,6 +305,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         tokens_per_s: tpot.map(|t| 1.0 / t),
         generated_ids: generated,
         matmul: args.matmul.clone(),
+        kv_cache: opts.kv_cache.to_string(),
         isa: crate::machine::isa(),
         spec: None,
     };
@@ -340,6 +359,7 @@ fn run_spec(
         tpot_ms: (decode > 0).then(|| after_first / decode as f64 * 1e3),
         tokens_per_s: (decode > 0).then(|| decode as f64 / after_first),
         matmul: args.matmul.clone(),
+        kv_cache: args.kv_cache.clone(),
         isa: crate::machine::isa(),
         spec: Some(SpecSummary {
             drafter: d.name(),

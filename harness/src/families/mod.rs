@@ -14,6 +14,7 @@ pub mod attention;
 pub mod decode;
 pub mod kv;
 pub mod kv_alloc;
+pub mod kv_precision;
 pub mod moe;
 pub mod paged;
 pub mod quant;
@@ -29,6 +30,7 @@ pub const FAMILIES: &[Family] = &[
     spec::FAMILY,
     kv::FAMILY,
     kv_alloc::FAMILY,
+    kv_precision::FAMILY,
     serving::FAMILY,
     decode::FAMILY,
 ];

@@ -1,5 +1,5 @@
-//! Experiment specs the CLI and sweep tests share: tiny grids of the attention, quant and MoE
-//! families, and decode grids of any length (to interrupt).
+//! Experiment specs the CLI and sweep tests share: tiny grids of the attention, quant, MoE and
+//! kv_precision families, and decode grids of any length (to interrupt).
 
 /// The tiny experiment of the happy path (its name is its file stem: `render` finds the spec
 /// by the experiment name recorded in the provenance).
@@ -57,6 +57,45 @@ panel = "shape"
 series = "format"
 y = { "*" = "speedup_vs_f32" }
 filter = { weights = "gaussian", format = "q4_0|sym3g32" }
+"#;
+
+/// A tiny kv_precision experiment: three KV-cache formats besides f32 on a preset (its token
+/// ids are the text's bytes), quality and decode.
+pub const TINY_KV: &str = r#"name = "tinykv"
+question = "Smoke test: the KV cache in narrow formats, model quality and paged decode."
+claims = ["C20"]
+family = "kv_precision"
+variants = ["kv_cache"]
+reps = 2
+
+[grid]
+part = ["quality", "decode"]
+kv_cache = ["f16", "int8", "progressive:window=16,old=fp8"]
+model = ["tiny-gqa"]
+text = ["gpl3"]
+window = ["64x2"]
+prefill_chunk = [16]
+decode = ["b2:h4/2:d32:ctx100"]
+block_size = [16]
+
+[limits]
+seconds_per_point = 0.05
+
+[plot]
+x = "kv_bytes_per_token"
+panel = "ctx"
+series = "scheme"
+y = { "*" = "kl_mean" }
+filter = { part = "quality" }
+log_x = true
+
+[[extra_plots]]
+x = "kv_bytes_per_token"
+panel = "shape"
+series = "isa"
+y = { "*" = "gbps" }
+filter = { part = "decode" }
+log_x = true
 "#;
 
 /// A tiny moe experiment: two capacities (one dropless), two skews, both variants.

@@ -4,12 +4,19 @@
 //! with an online softmax. Split-KV (FlashDecoding, Dao et al. 2023) cuts long contexts into
 //! partitions computed in parallel, each returning its normalised output and log-sum-exp,
 //! then reduces them: out = Σ e^(lse_p − max)·o_p / Σ e^(lse_p − max).
+//! The K/V come through a `view::Source`: a float pool, or a `KvCache` whose blocks may each
+//! be f32, f16, bf16, int8 or FP8 — f16/bf16 runs are widened into an L1 scratch, narrow
+//! codes are read as bytes and dequantised in registers (`coded_rows`), the run's scale
+//! applied to its scores (K) or folded into its probabilities (V).
 
+use crate::cache::KvCache;
+use crate::coded_rows::CodedRows;
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
+use crate::view::{Run, Source};
 use attention_kernels::cpu::gemm::widen;
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Element, KernelError};
-use kernel_cpu::rows::{Avx2, Avx512, Portable, RowKernels};
+use kernel_cpu::rows::{Avx2, Avx512, Portable};
 use kernel_cpu::simd;
 use kernel_cpu::{team, Isa};
 
@@ -134,27 +141,26 @@ struct Acc {
     l: Vec<f32>,
 }
 
-/// What one task reads: the pool of one dtype, one sequence's table and its KV head.
-struct TaskView<'a, T> {
-    layout: PoolLayout,
-    k: &'a [T],
-    v: &'a [T],
+/// What one task reads: the source, one sequence's table and its KV head.
+struct TaskView<'a> {
+    src: &'a Source<'a>,
     table: &'a [u32],
     kv_head: usize,
     /// Causal horizon (last visible position) of each row.
     horizon: &'a [usize],
 }
 
-/// Positions `c0..c1` cut at block boundaries: (first position, element range in the pool).
-/// An iterator rather than a callback so the float loops that consume it stay inside the
-/// caller's `#[target_feature]` function (a closure would be compiled without AVX2/FMA).
+/// Positions `c0..c1` cut at block boundaries: (first position, block id, offset in the
+/// block, rows). An iterator rather than a callback so the float loops that consume it stay
+/// inside the caller's `#[target_feature]` function (a closure would be compiled without
+/// AVX2/FMA).
 #[inline(always)]
-fn runs<'v, T>(
-    view: &'v TaskView<'_, T>,
+fn runs<'v>(
+    view: &'v TaskView<'_>,
     c0: usize,
     c1: usize,
-) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'v {
-    let (bs, d) = (view.layout.block_size, view.layout.head_dim);
+) -> impl Iterator<Item = (usize, u32, usize, usize)> + 'v {
+    let bs = view.src.layout.block_size;
     let mut pos = c0;
     std::iter::from_fn(move || {
         if pos >= c1 {
@@ -162,69 +168,221 @@ fn runs<'v, T>(
         }
         let off = pos % bs;
         let run = (bs - off).min(c1 - pos);
-        let base = view
-            .layout
-            .offset(view.table[pos / bs] as usize, view.kv_head, off);
-        let item = (pos, base..base + run * d);
+        let item = (pos, view.table[pos / bs], off, run);
         pos += run;
         Some(item)
     })
 }
 
-/// Pool elements of the K (or V) row at position `pos`.
+/// Requests K and V of position `pos` (the block table scatters a sequence over memory,
+/// which the hardware prefetcher cannot follow).
 #[inline(always)]
-fn row_range<T>(view: &TaskView<'_, T>, pos: usize) -> std::ops::Range<usize> {
-    let bs = view.layout.block_size;
-    let base = view
-        .layout
-        .offset(view.table[pos / bs] as usize, view.kv_head, pos % bs);
-    base..base + view.layout.head_dim
+fn prefetch_position(view: &TaskView<'_>, pos: usize) {
+    let bs = view.src.layout.block_size;
+    view.src
+        .prefetch(view.table[pos / bs], view.kv_head, pos % bs, 1);
+}
+
+/// Key rows of one run as the scoring loop sees them.
+trait Keys {
+    /// Scores of `R` query rows against key row `t` of the run.
+    fn dots<K: CodedRows, const R: usize>(
+        &self,
+        kern: K,
+        q: &[f32],
+        d: usize,
+        t: usize,
+    ) -> [f32; R];
+}
+
+/// Value rows of one run as the accumulation sees them.
+trait Values {
+    /// o_r += Σ_t p_rt · v_t over the run's `n` rows.
+    fn accumulate<K: CodedRows, const R: usize>(
+        &self,
+        kern: K,
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        p_stride: usize,
+        n: usize,
+    );
+}
+
+/// f32 rows (f16/bf16 widened into scratch first).
+struct Floats<'a>(&'a [f32]);
+
+/// Code rows and their shared scale.
+struct Codes<'a, const FP8: bool>(&'a [u8], f32);
+
+impl Keys for Floats<'_> {
+    #[inline(always)]
+    fn dots<K: CodedRows, const R: usize>(
+        &self,
+        kern: K,
+        q: &[f32],
+        d: usize,
+        t: usize,
+    ) -> [f32; R] {
+        kern.dot_rows::<R>(q, d, &self.0[t * d..(t + 1) * d])
+    }
+}
+
+impl<const FP8: bool> Keys for Codes<'_, FP8> {
+    #[inline(always)]
+    fn dots<K: CodedRows, const R: usize>(
+        &self,
+        kern: K,
+        q: &[f32],
+        d: usize,
+        t: usize,
+    ) -> [f32; R] {
+        let s = kern.dot_codes::<FP8, R>(q, d, &self.0[t * d..(t + 1) * d]);
+        s.map(|x| x * self.1)
+    }
+}
+
+impl Values for Floats<'_> {
+    #[inline(always)]
+    fn accumulate<K: CodedRows, const R: usize>(
+        &self,
+        kern: K,
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        p_stride: usize,
+        n: usize,
+    ) {
+        kern.accumulate_rows::<R>(o, d, p, p_stride, self.0, n)
+    }
+}
+
+impl<const FP8: bool> Values for Codes<'_, FP8> {
+    #[inline(always)]
+    fn accumulate<K: CodedRows, const R: usize>(
+        &self,
+        kern: K,
+        o: &mut [f32],
+        d: usize,
+        p: &[f32],
+        p_stride: usize,
+        n: usize,
+    ) {
+        kern.accumulate_codes::<FP8, R>(o, d, p, p_stride, self.1, self.0, n)
+    }
+}
+
+/// Scores of every row against the run's keys at positions `pos..pos + n` into `s`
+/// (row-major, CHUNK columns from `c0`); prefetches one chunk ahead as it goes.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn score_run<K: CodedRows, S: Keys>(
+    kern: K,
+    view: &TaskView<'_>,
+    keys: &S,
+    q: &[f32],
+    (pos, n): (usize, usize),
+    c0: usize,
+    t1: usize,
+    s: &mut [f32],
+) {
+    let d = view.src.layout.head_dim;
+    let rows = view.horizon.len();
+    for t in 0..n {
+        let col = pos - c0 + t;
+        // While scoring key p, request V of p (used right after this chunk's scores) and K
+        // of p + CHUNK (the next chunk): a steady stream of requests rather than a burst.
+        if pos + t + CHUNK < t1 {
+            prefetch_position(view, pos + t + CHUNK);
+        }
+        let mut r = 0;
+        while r + 4 <= rows {
+            let dots = keys.dots::<K, 4>(kern, &q[r * d..], d, t);
+            for (i, x) in dots.into_iter().enumerate() {
+                s[(r + i) * CHUNK + col] = x;
+            }
+            r += 4;
+        }
+        for r in r..rows {
+            s[r * CHUNK + col] = keys.dots::<K, 1>(kern, &q[r * d..], d, t)[0];
+        }
+    }
+}
+
+/// o += P·V over the run's values at columns `col..col + n` of the chunk's probabilities.
+#[inline(always)]
+fn accumulate_run<K: CodedRows, V: Values>(
+    kern: K,
+    rows: usize,
+    d: usize,
+    values: &V,
+    s: &[f32],
+    (col, n): (usize, usize),
+    acc: &mut Acc,
+) {
+    let mut r = 0;
+    while r + 4 <= rows {
+        values.accumulate::<K, 4>(
+            kern,
+            &mut acc.o[r * d..],
+            d,
+            &s[r * CHUNK + col..],
+            CHUNK,
+            n,
+        );
+        r += 4;
+    }
+    for r in r..rows {
+        values.accumulate::<K, 1>(
+            kern,
+            &mut acc.o[r * d..],
+            d,
+            &s[r * CHUNK + col..],
+            CHUNK,
+            n,
+        );
+    }
 }
 
 /// Online-softmax attention of the task's rows (`q`, pre-scaled) over positions `t0..t1`.
 #[inline(always)]
-fn attend_range<T: Element, K: RowKernels>(
+fn attend_range<K: CodedRows>(
     kern: K,
-    view: &TaskView<'_, T>,
+    view: &TaskView<'_>,
     q: &[f32],
     t0: usize,
     t1: usize,
     acc: &mut Acc,
 ) {
-    let d = view.layout.head_dim;
+    let d = view.src.layout.head_dim;
+    let h = view.kv_head;
     let rows = view.horizon.len();
     let mut s = vec![0.0f32; rows * CHUNK];
     let mut scratch = Vec::new();
-    for (_, range) in runs(view, t0, (t0 + CHUNK).min(t1)) {
-        simd::prefetch(&view.k[range.clone()]);
-        simd::prefetch(&view.v[range]);
+    for (_, b, off, n) in runs(view, t0, (t0 + CHUNK).min(t1)) {
+        view.src.prefetch(b, h, off, n);
     }
     let mut c0 = t0;
     while c0 < t1 {
         let c1 = (c0 + CHUNK).min(t1);
         let n = c1 - c0;
-        for (pos, range) in runs(view, c0, c1) {
-            let kb = widen(&view.k[range], &mut scratch);
-            for (t, kt) in kb.chunks_exact(d).enumerate() {
-                let col = pos - c0 + t;
-                // The block table scatters a sequence over memory, which the hardware
-                // prefetcher cannot follow: while scoring key p, request V of p (used right
-                // after this chunk's scores) and K of p + CHUNK (the next chunk), a steady
-                // stream of requests rather than a burst.
-                if pos + t + CHUNK < t1 {
-                    simd::prefetch(&view.v[row_range(view, pos + t + CHUNK)]);
-                    simd::prefetch(&view.k[row_range(view, pos + t + CHUNK)]);
+        for (pos, b, off, len) in runs(view, c0, c1) {
+            let at = (pos, len);
+            match view.src.k_run(b, h, off, len) {
+                Run::F32(x) => score_run(kern, view, &Floats(x), q, at, c0, t1, &mut s),
+                Run::F16(x) => {
+                    let x = widen(x, &mut scratch);
+                    score_run(kern, view, &Floats(x), q, at, c0, t1, &mut s)
                 }
-                let mut r = 0;
-                while r + 4 <= rows {
-                    let dots = kern.dot_rows::<4>(&q[r * d..], d, kt);
-                    for (i, x) in dots.into_iter().enumerate() {
-                        s[(r + i) * CHUNK + col] = x;
-                    }
-                    r += 4;
+                Run::BF16(x) => {
+                    let x = widen(x, &mut scratch);
+                    score_run(kern, view, &Floats(x), q, at, c0, t1, &mut s)
                 }
-                for r in r..rows {
-                    s[r * CHUNK + col] = kern.dot_rows::<1>(&q[r * d..], d, kt)[0];
+                Run::Int8(x, sc) => {
+                    score_run(kern, view, &Codes::<false>(x, sc), q, at, c0, t1, &mut s)
+                }
+                Run::E4m3(x, sc) => {
+                    score_run(kern, view, &Codes::<true>(x, sc), q, at, c0, t1, &mut s)
                 }
             }
         }
@@ -244,30 +402,24 @@ fn attend_range<T: Element, K: RowKernels>(
             }
             acc.m[r] = m_new;
         }
-        for (pos, range) in runs(view, c0, c1) {
-            let vb = widen(&view.v[range], &mut scratch);
-            let (col, len) = (pos - c0, vb.len() / d);
-            let mut r = 0;
-            while r + 4 <= rows {
-                kern.accumulate_rows::<4>(
-                    &mut acc.o[r * d..],
-                    d,
-                    &s[r * CHUNK + col..],
-                    CHUNK,
-                    vb,
-                    len,
-                );
-                r += 4;
-            }
-            for r in r..rows {
-                kern.accumulate_rows::<1>(
-                    &mut acc.o[r * d..],
-                    d,
-                    &s[r * CHUNK + col..],
-                    CHUNK,
-                    vb,
-                    len,
-                );
+        for (pos, b, off, len) in runs(view, c0, c1) {
+            let at = (pos - c0, len);
+            match view.src.v_run(b, h, off, len) {
+                Run::F32(x) => accumulate_run(kern, rows, d, &Floats(x), &s, at, acc),
+                Run::F16(x) => {
+                    let x = widen(x, &mut scratch);
+                    accumulate_run(kern, rows, d, &Floats(x), &s, at, acc)
+                }
+                Run::BF16(x) => {
+                    let x = widen(x, &mut scratch);
+                    accumulate_run(kern, rows, d, &Floats(x), &s, at, acc)
+                }
+                Run::Int8(x, sc) => {
+                    accumulate_run(kern, rows, d, &Codes::<false>(x, sc), &s, at, acc)
+                }
+                Run::E4m3(x, sc) => {
+                    accumulate_run(kern, rows, d, &Codes::<true>(x, sc), &s, at, acc)
+                }
             }
         }
         c0 = c1;
@@ -275,10 +427,10 @@ fn attend_range<T: Element, K: RowKernels>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn attend_range_avx2<T: Element>(
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_range_avx2(
     kern: Avx2,
-    view: &TaskView<'_, T>,
+    view: &TaskView<'_>,
     q: &[f32],
     t0: usize,
     t1: usize,
@@ -288,10 +440,10 @@ fn attend_range_avx2<T: Element>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn attend_range_avx512<T: Element>(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn attend_range_avx512(
     kern: Avx512,
-    view: &TaskView<'_, T>,
+    view: &TaskView<'_>,
     q: &[f32],
     t0: usize,
     t1: usize,
@@ -302,22 +454,22 @@ fn attend_range_avx512<T: Element>(
 
 /// Runs one partition of one task at ISA tier `isa` (resolved on the calling thread) and
 /// returns its state.
-fn partition<T: Element>(view: &TaskView<'_, T>, q: &[f32], t0: usize, t1: usize, isa: Isa) -> Acc {
+fn partition(view: &TaskView<'_>, q: &[f32], t0: usize, t1: usize, isa: Isa) -> Acc {
     let rows = view.horizon.len();
     let mut acc = Acc {
-        o: vec![0.0; rows * view.layout.head_dim],
+        o: vec![0.0; rows * view.src.layout.head_dim],
         m: vec![f32::NEG_INFINITY; rows],
         l: vec![0.0; rows],
     };
     #[cfg(target_arch = "x86_64")]
     if let Some(kern) = Avx512::for_tier(isa) {
-        // SAFETY: the token proves AVX-512F, AVX2 and FMA were detected on this CPU.
+        // SAFETY: the token proves AVX-512F, AVX2, FMA and F16C were detected on this CPU.
         unsafe { attend_range_avx512(kern, view, q, t0, t1, &mut acc) };
         return acc;
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(kern) = Avx2::for_tier(isa) {
-        // SAFETY: the token proves AVX2 and FMA were detected on this CPU.
+        // SAFETY: the token proves the AVX2 tier (AVX2, FMA, F16C) was detected on this CPU.
         unsafe { attend_range_avx2(kern, view, q, t0, t1, &mut acc) };
         return acc;
     }
@@ -359,8 +511,7 @@ fn reduce<T: Element>(parts: &[Acc], d: usize, out: &mut [T]) {
 fn decode_typed<T: Element>(
     shape: &PagedDecodeShape,
     batch: &PagedBatch,
-    layout: PoolLayout,
-    (k, v): (&[T], &[T]),
+    src: &Source<'_>,
     q: &[T],
     out: &mut [T],
     split: SplitKv,
@@ -387,9 +538,7 @@ fn decode_typed<T: Element>(
             .map(|r| ctx - shape.q_len + r % shape.q_len)
             .collect();
         let view = TaskView {
-            layout,
-            k,
-            v,
+            src,
             table: &batch.block_tables[seq],
             kv_head,
             horizon: &horizon,
@@ -420,8 +569,9 @@ fn decode_typed<T: Element>(
     });
 }
 
-/// Paged decode: `q`/`out` are `[seqs, q_heads, q_len, head_dim]` in the pool's dtype.
-/// The output is poisoned by the caller, never read; unused pool slots are never read.
+/// Paged decode over a float pool: `q`/`out` are `[seqs, q_heads, q_len, head_dim]` in the
+/// pool's dtype. The output is poisoned by the caller, never read; unused pool slots are
+/// never read.
 pub fn paged_decode(
     shape: &PagedDecodeShape,
     batch: &PagedBatch,
@@ -434,23 +584,44 @@ pub fn paged_decode(
     let dt = pool.dtype();
     q.expect("q", dt, shape.q_elems(batch.len()))?;
     out.expect("out", dt, shape.q_elems(batch.len()))?;
-    let layout = pool.layout;
-    match (&pool.k, &pool.v, q, out) {
-        (Buffer::F32(k), Buffer::F32(v), Buffer::F32(q), Buffer::F32(o)) => {
-            decode_typed(shape, batch, layout, (k, v), q, o, split)
-        }
-        (Buffer::F16(k), Buffer::F16(v), Buffer::F16(q), Buffer::F16(o)) => {
-            decode_typed(shape, batch, layout, (k, v), q, o, split)
-        }
-        (Buffer::BF16(k), Buffer::BF16(v), Buffer::BF16(q), Buffer::BF16(o)) => {
-            decode_typed(shape, batch, layout, (k, v), q, o, split)
-        }
+    let src = Source::of_pool(pool);
+    match (q, out) {
+        (Buffer::F32(q), Buffer::F32(o)) => decode_typed(shape, batch, &src, q, o, split),
+        (Buffer::F16(q), Buffer::F16(o)) => decode_typed(shape, batch, &src, q, o, split),
+        (Buffer::BF16(q), Buffer::BF16(o)) => decode_typed(shape, batch, &src, q, o, split),
         _ => {
             return Err(KernelError::BadBuffer(
                 "pool, q and out must share one dtype".into(),
             ))
         }
     }
+    Ok(())
+}
+
+/// Paged decode over a cache in any format, uniform or mixed, reading each block in its own
+/// format (narrow codes dequantised in registers): `q`/`out` are f32
+/// `[seqs, q_heads, q_len, head_dim]`. Every block the tables reach must have been written.
+pub fn paged_decode_cache(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    cache: &KvCache,
+    q: &[f32],
+    out: &mut [f32],
+    split: SplitKv,
+) -> Result<()> {
+    shape.validate(&cache.layout(), batch)?;
+    let n = shape.q_elems(batch.len());
+    if q.len() != n || out.len() != n {
+        return Err(KernelError::BadBuffer(format!(
+            "q and out need {n} elements, got {} and {}",
+            q.len(),
+            out.len()
+        )));
+    }
+    for (&len, table) in batch.context_lens.iter().zip(&batch.block_tables) {
+        cache.check_written(table, len)?;
+    }
+    decode_typed(shape, batch, &Source::of_cache(cache), q, out, split);
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! Paged attention (vLLM's PagedAttention, Kwon et al. 2023): a KV pool of fixed-size blocks,
 //! per-sequence block tables with physical blocks in any order, an append kernel that writes
 //! new K/V into the pool, paged decode attention for q_len 1..=MAX_Q_LEN, and split-KV
-//! decoding (FlashDecoding: partial results with their log-sum-exp, then a reduction).
+//! decoding (FlashDecoding: partial results with their log-sum-exp, then a reduction); and
+//! a KV cache whose blocks are f32, f16, bf16, FP8 E4M3 or int8, uniformly or progressively
+//! (recent tokens wide, aged blocks narrow), read by the same decode kernel.
 //!
 //! Only a sequence's own context is read: NaN in unused pool slots never reaches an output,
 //! a non-finite K or V in the context propagates as in `attention_kernels`; offsets are
@@ -13,18 +15,30 @@ pub mod cuda;
 
 /// The paged variants as `AttentionKernel`s, so experiments compare them with contiguous ones.
 pub mod adapter;
+/// A KV cache in any format: arenas of blocks per format, per-block homes, ageing.
+pub mod cache;
 /// Seeded random paged problems for tests, checks and benches.
 pub mod cases;
+/// FP8 E4M3 and int8 element codes with their scales.
+pub mod codec;
+/// Decode's row products over narrow codes, per ISA tier.
+pub mod coded_rows;
 /// Paged decode attention: one pass, or split-KV with a log-sum-exp reduction.
 pub mod decode;
+/// The formats a KV cache stores (`--kv-cache`) and their bytes per token.
+pub mod kv_format;
 /// The KV block pool, block tables, the append kernel and the gather used by the reference.
 pub mod pool;
 /// The f64 reference: gather each sequence to contiguous K/V and run the attention oracle.
 pub mod reference;
+/// What the decode kernel reads: a block's run of rows in its format.
+mod view;
 
 pub use adapter::PagedAttention;
-pub use cases::{PagedCase, PagedCaseSpec};
-pub use decode::{paged_decode, PagedDecodeShape, SplitKv, MAX_Q_LEN};
+pub use cache::KvCache;
+pub use cases::{CacheCase, CacheCaseSpec, PagedCase, PagedCaseSpec};
+pub use decode::{paged_decode, paged_decode_cache, PagedDecodeShape, SplitKv, MAX_Q_LEN};
+pub use kv_format::{BlockFormat, KvCacheFormat, ScaleScope};
 pub use pool::{append, KvPool, PagedBatch, PoolLayout, MAX_BLOCK_SIZE};
 
 use kernel_common::error::Result;

@@ -141,7 +141,12 @@ impl PagedBatch {
 }
 
 /// Checks that `table` covers `tokens` positions of sequence `seq` with in-range entries.
-fn check_table(layout: &PoolLayout, seq: usize, table: &[u32], tokens: usize) -> Result<()> {
+pub(crate) fn check_table(
+    layout: &PoolLayout,
+    seq: usize,
+    table: &[u32],
+    tokens: usize,
+) -> Result<()> {
     let need = layout.blocks_for(tokens);
     if table.len() < need {
         return Err(KernelError::InvalidShape(format!(

@@ -209,6 +209,30 @@ pub fn evaluate(
     tokens: &[u32],
     windows: &[Window],
     block_size: usize,
+    on_row: impl FnMut(ScoredRow),
+    on_window: impl FnMut(usize),
+) -> Result<PplStats> {
+    evaluate_chunked(
+        model,
+        tokens,
+        windows,
+        block_size,
+        usize::MAX,
+        on_row,
+        on_window,
+    )
+}
+
+/// `evaluate` with each window run through the model in pieces of `prefill_chunk` tokens, as
+/// a server's chunked prefill fills the cache: each piece's attention reads the cache as it
+/// stands after the piece is written (what a progressive KV cache has aged by then depends on
+/// the piece's end).
+pub fn evaluate_chunked(
+    model: &Llama,
+    tokens: &[u32],
+    windows: &[Window],
+    block_size: usize,
+    prefill_chunk: usize,
     mut on_row: impl FnMut(ScoredRow),
     mut on_window: impl FnMut(usize),
 ) -> Result<PplStats> {
@@ -229,7 +253,10 @@ pub fn evaluate(
             )));
         }
         let mut session = Session::new(model, w.len, block_size)?;
-        let logits = session.forward_all(slice)?;
+        let mut logits = Vec::with_capacity(w.len * vocab);
+        for piece in slice.chunks(prefill_chunk.max(1)) {
+            logits.extend(session.forward_all(piece)?);
+        }
         for j in w.first..w.len - 1 {
             let lp = log_softmax(&logits[j * vocab..(j + 1) * vocab]);
             let target = slice[j + 1];

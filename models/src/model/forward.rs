@@ -5,13 +5,16 @@
 //! chunk's attention, attention by tree attention for draft-tree chunks (SpecInfer), paged
 //! decode on the pool (vLLM PagedAttention) or a contiguous kernel on gathered K/V, the O
 //! product, SwiGLU or the MoE routed by `moe_kernels::route`; logits of the last or all tokens.
+//! Every attention reads the cache as stored: paged decode each block in its format, the
+//! contiguous kernels the gathered K/V dequantised, so a narrow `--kv-cache` reaches every
+//! token's attention, the prompt's included (written first, then read back).
 
 use crate::model::kv::KvPools;
 use crate::model::llama::{product_for, AttentionChoice, Expert, Ffn, Llama, Result};
 use attention_kernels::{AttentionInputs, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
 use moe_kernels::{route, MoeConfig, Priority, WeightNorm};
-use paged_kernels::{paged_decode, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
+use paged_kernels::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
 use quant_kernels::{MatVecVariant, Prepared};
 use spec_kernels::{tree_attention, DraftTree, TreeAttnShape, TreeContext};
 
@@ -235,7 +238,7 @@ impl Llama {
                     slots,
                     &k[at * kvd..(at + n) * kvd],
                     &v[at * kvd..(at + n) * kvd],
-                );
+                )?;
             }
             let attn = self.attention(kv, li, chunks, &offsets, &q)?;
             let o = proj(&l.wo, &attn, n_total, self.matmul)?;
@@ -305,8 +308,14 @@ impl Llama {
                 scale: 1.0 / (hd as f32).sqrt(),
             };
             let rows = offsets[i] * qd..(offsets[i] + n) * qd;
+            let pool = kv.layers[li].float_pool().ok_or_else(|| {
+                KernelError::Unsupported(format!(
+                    "tree attention (speculative decoding) reads an f32 KV cache; this one is {}",
+                    kv.format
+                ))
+            })?;
             let at = TreeContext {
-                pool: &kv.layers[li],
+                pool,
                 table: c.table,
                 ctx: c.start,
                 tree: t.tree,
@@ -345,16 +354,8 @@ impl Llama {
                     q_len,
                     scale: 1.0 / (hd as f32).sqrt(),
                 };
-                let mut out = Buffer::poisoned(DType::F32, qh.len());
-                paged_decode(
-                    &shape,
-                    &batch,
-                    &kv.layers[li],
-                    &Buffer::F32(qh),
-                    &mut out,
-                    split,
-                )?;
-                let out = out.to_f32();
+                let mut out = vec![f32::NAN; qh.len()];
+                paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;
                 for (s, &i) in group.iter().enumerate() {
                     for r in 0..q_len {
                         for h in 0..heads {

@@ -1,31 +1,29 @@
-//! The model's KV cache storage: one paged pool per layer (`paged_kernels::KvPool`, layout
-//! `[blocks, kv_heads, block_size, head_dim]`, f32, NaN-poisoned so a read of a slot nobody
-//! wrote shows up), written at a sequence's positions through its block table, read back
-//! contiguously for contiguous attention kernels or in place by paged decode; block copies for
-//! copy-on-write. Which blocks a sequence owns is decided elsewhere (`serve::blocks`).
+//! The model's KV cache storage: one paged cache per layer (`paged_kernels::KvCache`, blocks
+//! `[kv_heads, block_size, head_dim]` in the model's `KvCacheFormat` — f32 by default, or
+//! f16, bf16, FP8 E4M3, int8, or progressive: recent tokens wide, aged blocks narrow —
+//! NaN-poisoned so a read of a slot nobody wrote shows up), written at a sequence's positions
+//! through its block table, read back contiguously and dequantised for contiguous attention
+//! kernels (so a prefill chunk's attention sees the values as stored, like a decode step's)
+//! or in place by paged decode; block copies for copy-on-write. Which blocks a sequence owns
+//! is decided elsewhere (`serve::blocks`).
 //! The pools live in `model` (not `serve`) because they are what `Llama::forward` writes
 //! into: `forward` imports this module, this module imports only the `Llama` type for its
 //! shape, and `serve`/`spec` use both — no import circle.
 
 use crate::model::llama::{Llama, Result};
-use kernel_common::{Buffer, DType};
-use paged_kernels::{KvPool, PoolLayout};
+use kernel_common::{Buffer, KernelError};
+use paged_kernels::{KvCache, KvCacheFormat, KvPool, PoolLayout};
 
-/// Per-layer K/V block pools sharing one layout.
+/// Per-layer K/V caches sharing one layout and format.
 pub struct KvPools {
     pub layout: PoolLayout,
-    pub layers: Vec<KvPool>,
-}
-
-fn f32s(b: &mut Buffer) -> &mut [f32] {
-    match b {
-        Buffer::F32(v) => v,
-        _ => unreachable!("the model's pools are f32"),
-    }
+    pub format: KvCacheFormat,
+    pub layers: Vec<KvCache>,
 }
 
 impl KvPools {
-    /// `num_blocks` blocks of `block_size` tokens for every layer of `model`.
+    /// `num_blocks` blocks of `block_size` tokens for every layer of `model`, in the model's
+    /// KV-cache format (`Llama::kv_cache`).
     pub fn new(model: &Llama, num_blocks: usize, block_size: usize) -> Result<KvPools> {
         let layout = PoolLayout {
             num_blocks,
@@ -34,65 +32,85 @@ impl KvPools {
             head_dim: model.cfg.head_dim,
         };
         layout.validate()?;
+        let format = model.kv_cache();
         let layers = (0..model.cfg.layers)
-            .map(|_| KvPool::poisoned(layout, DType::F32))
+            .map(|_| KvCache::new(layout, format))
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvPools { layout, layers })
+        Ok(KvPools {
+            layout,
+            format,
+            layers,
+        })
     }
 
-    /// Bytes of K and V per token over all layers.
-    pub fn bytes_per_token(&self) -> usize {
-        2 * self.layers.len() * self.layout.kv_heads * self.layout.head_dim * 4
+    /// Bytes of K and V per token over all layers, for a sequence of `tokens` (a progressive
+    /// cache holds its older blocks narrower).
+    pub fn bytes_per_token(&self, tokens: usize) -> f64 {
+        let l = self.layout;
+        self.layers.len() as f64
+            * self
+                .format
+                .bytes_per_token(tokens, l.kv_heads, l.head_dim, l.block_size)
     }
 
     /// Stores rows `[n, kv_heads·head_dim]` of K and V of layer `li` at positions `slots`
     /// of the sequence with block table `table`.
-    pub fn write(&mut self, li: usize, table: &[u32], slots: &[usize], k: &[f32], v: &[f32]) {
-        let layout = self.layout;
-        let hd = layout.head_dim;
-        let pool = &mut self.layers[li];
-        for (dst, src) in [(&mut pool.k, k), (&mut pool.v, v)] {
-            let dst = f32s(dst);
-            for (row, &pos) in src.chunks(layout.kv_heads * hd).zip(slots) {
-                for (h, head) in row.chunks(hd).enumerate() {
-                    let at = layout.position_offset(table, h, pos);
-                    dst[at..at + hd].copy_from_slice(head);
-                }
-            }
-        }
+    pub fn write(
+        &mut self,
+        li: usize,
+        table: &[u32],
+        slots: &[usize],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        self.layers[li].write(table, slots, k, v)
     }
 
-    /// K and V of positions `0..tokens` of layer `li`, contiguous `[kv_heads, tokens, d]`.
+    /// K and V of positions `0..tokens` of layer `li` as stored (dequantised), contiguous
+    /// `[kv_heads, tokens, d]` f32.
     pub fn gather(&self, li: usize, table: &[u32], tokens: usize) -> Result<(Buffer, Buffer)> {
-        paged_kernels::pool::gather(&self.layers[li], table, tokens)
+        let (k, v) = self.layers[li].gather(table, tokens)?;
+        Ok((Buffer::F32(k), Buffer::F32(v)))
     }
 
-    /// The K and V storage of every layer.
-    fn buffers(&mut self) -> impl Iterator<Item = &mut [f32]> {
-        self.layers
-            .iter_mut()
-            .flat_map(|pool| [&mut pool.k, &mut pool.v])
-            .map(f32s)
+    /// Every layer's f32 pool, for what moves single positions (speculative decoding's draft
+    /// paths): refused, in one line, for any other format.
+    fn f32_pools(&mut self) -> Result<impl Iterator<Item = &mut [f32]>> {
+        if !self.format.is_f32() {
+            return Err(KernelError::Unsupported(format!(
+                "speculative decoding moves draft positions in an f32 KV cache; this one is {}",
+                self.format
+            )));
+        }
+        Ok(self.layers.iter_mut().flat_map(|c| {
+            let KvPool { k, v, .. } = c.float_pool_mut().expect("an f32 cache is one pool");
+            [k, v].map(|b| match b {
+                Buffer::F32(x) => x.as_mut_slice(),
+                _ => unreachable!("an f32 cache holds f32"),
+            })
+        }))
     }
 
     /// Moves the K/V of position `from` to position `to` of one sequence in every layer
-    /// (compacting an accepted draft path into place).
-    pub fn move_position(&mut self, table: &[u32], from: usize, to: usize) {
+    /// (compacting an accepted draft path into place). f32 caches only.
+    pub fn move_position(&mut self, table: &[u32], from: usize, to: usize) -> Result<()> {
         let l = self.layout;
-        for b in self.buffers() {
+        for b in self.f32_pools()? {
             for h in 0..l.kv_heads {
                 let src = l.position_offset(table, h, from);
                 let dst = l.position_offset(table, h, to);
                 b.copy_within(src..src + l.head_dim, dst);
             }
         }
+        Ok(())
     }
 
     /// Overwrites positions `from..to` of one sequence with NaN in every layer, so a later
     /// read of them (a rejected draft branch leaking into attention) poisons the output.
-    pub fn poison_positions(&mut self, table: &[u32], from: usize, to: usize) {
+    /// f32 caches only.
+    pub fn poison_positions(&mut self, table: &[u32], from: usize, to: usize) -> Result<()> {
         let l = self.layout;
-        for b in self.buffers() {
+        for b in self.f32_pools()? {
             for pos in from..to {
                 for h in 0..l.kv_heads {
                     let at = l.position_offset(table, h, pos);
@@ -100,14 +118,14 @@ impl KvPools {
                 }
             }
         }
+        Ok(())
     }
 
-    /// Copies block `src` into block `dst` in every layer (copy-on-write).
-    pub fn copy_block(&mut self, src: u32, dst: u32) {
-        let n = self.layout.block_elems();
-        let (s, d) = (src as usize * n, dst as usize * n);
-        for b in self.buffers() {
-            b.copy_within(s..s + n, d);
+    /// Copies block `src` into block `dst` in every layer (copy-on-write), in its format.
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<()> {
+        for c in &mut self.layers {
+            c.copy_block(src, dst)?;
         }
+        Ok(())
     }
 }

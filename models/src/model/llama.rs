@@ -9,7 +9,7 @@
 use attention_kernels::AttentionKernel;
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
-use paged_kernels::SplitKv;
+use paged_kernels::{KvCacheFormat, SplitKv};
 use quant_kernels::{MatVecVariant, Prepared, QuantMatrix};
 
 /// The error type of the pipeline: one line naming the file or input at fault.
@@ -158,6 +158,8 @@ pub struct Llama {
     pub(super) matmul: MatVecVariant,
     /// For chunks the chosen kernel does not take (a prompt under paged decode).
     pub(super) fallback: Box<dyn AttentionKernel>,
+    /// What every `KvPools` built for this model stores K/V in (`set_kv_cache`).
+    pub(super) kv_cache: KvCacheFormat,
     /// RoPE inverse frequencies, one per dimension pair.
     pub(super) inv_freq: Vec<f32>,
 }
@@ -210,6 +212,7 @@ impl Llama {
             )?)?
             .expect("flash2 exists"),
             matmul: DEFAULT_MATMUL,
+            kv_cache: KvCacheFormat::default(),
             cfg,
             embed: embed.into(),
             head: head.map(Prepared::from),
@@ -231,6 +234,16 @@ impl Llama {
         self.layers.truncate(n);
         self.cfg.layers = n;
         Ok(())
+    }
+
+    /// The format of the KV caches built for this model.
+    pub fn kv_cache(&self) -> KvCacheFormat {
+        self.kv_cache
+    }
+
+    /// Builds every later `KvPools` of this model in `format` (f32 by default).
+    pub fn set_kv_cache(&mut self, format: KvCacheFormat) {
+        self.kv_cache = format;
     }
 
     /// The product every projection uses.

@@ -8,6 +8,7 @@
 use crate::model::llama::{Expert, Ffn, Layer, Llama, LlamaConfig, Result, DEFAULT_MATMUL};
 use kernel_common::KernelError;
 use moe_kernels::Capacity;
+use paged_kernels::KvCacheFormat;
 use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
 
 /// Tensors by name, each as a rows × cols matrix (vectors: one row).
@@ -107,6 +108,8 @@ pub struct LoadOptions {
     /// Formats for some projection matrices instead of `weights`, in order (a later match
     /// wins): per layer, per projection kind, or both.
     pub overrides: Vec<WeightOverride>,
+    /// What the KV cache stores (see `Llama::kv_cache`): f32 unless asked.
+    pub kv_cache: KvCacheFormat,
 }
 
 /// A projection kind of a layer (MoE experts count as gate/up/down).
@@ -180,6 +183,7 @@ impl Default for LoadOptions {
             capacity: Capacity::Dropless,
             matmul: DEFAULT_MATMUL,
             overrides: vec![],
+            kv_cache: KvCacheFormat::default(),
         }
     }
 }
@@ -354,5 +358,6 @@ pub fn build(
         &opts.attention,
     )?;
     model.set_matmul(opts.matmul)?;
+    model.set_kv_cache(opts.kv_cache);
     Ok(model)
 }

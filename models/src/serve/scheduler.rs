@@ -311,7 +311,7 @@ impl<'m> Engine<'m> {
             match self.blocks.append(s.req.id, &[last]) {
                 Ok(copies) => {
                     for (src, dst) in copies {
-                        self.kv.copy_block(src, dst);
+                        self.kv.copy_block(src, dst)?;
                     }
                     plan.push((i, 1));
                     budget = budget.saturating_sub(1);

@@ -148,12 +148,13 @@ impl Drafter for ModelDrafter {
             if node >= self.expanded {
                 break;
             }
-            self.kv.move_position(&self.table, ctx + node, ctx + 1 + j);
+            self.kv
+                .move_position(&self.table, ctx + node, ctx + 1 + j)?;
             self.cached.push(self.round[node]);
         }
         let kept = self.cached.len() - ctx;
         self.kv
-            .poison_positions(&self.table, ctx + kept, ctx + self.expanded.max(kept));
+            .poison_positions(&self.table, ctx + kept, ctx + self.expanded.max(kept))?;
         Ok(())
     }
 }

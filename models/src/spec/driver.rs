@@ -278,11 +278,11 @@ pub fn generate(
         // Accepted nodes move to the positions after the root; the rest is left to be
         // overwritten.
         for (j, &node) in verdict.accepted.iter().enumerate() {
-            kv.move_position(&table, ctx + node, ctx + 1 + j);
+            kv.move_position(&table, ctx + node, ctx + 1 + j)?;
         }
         // Rejected branches are gone: their positions are poisoned until overwritten, so a
         // read of them would show as NaN logits.
-        kv.poison_positions(&table, ctx + 1 + verdict.accepted.len(), ctx + d.tree.len());
+        kv.poison_positions(&table, ctx + 1 + verdict.accepted.len(), ctx + d.tree.len())?;
         drafter.accept(&d.tree, &verdict.accepted)?;
         stats.verify_s += t.elapsed().as_secs_f64();
         ctx += 1 + verdict.accepted.len();

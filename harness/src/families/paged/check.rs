@@ -2,15 +2,18 @@
 //! spare blocks) then the edge cases (lengths 54/97/577 at block size 1, a pool of > 32768
 //! blocks, NaN in unused slots), paged decode with split-KV off, auto and a random partition
 //! against the gather + attention oracle; plus gather(append(x)) == x exactly per case, the
-//! pool built by the CUDA append kernel under `--device cuda`.
+//! pool built by the CUDA append kernel under `--device cuda`. On the CPU, the same cases over
+//! a `KvCache` in each narrow or progressive format in turn (f16, bf16, FP8 E4M3, int8, per
+//! block or per head, progressive int8/FP8 past a window; one token in eight an 8× outlier),
+//! paged decode reading the codes directly against the f64 reference of the cache as stored.
 
 use crate::checking::Ctx;
 use crate::error::Result;
 use attention_kernels::{AttentionInputs, AttentionShape};
 use kernel_common::inputs::{derive_seed, rng};
-use kernel_common::{DType, Device, ErrorStats};
+use kernel_common::{tolerance, DType, Device, ErrorStats};
 use paged_kernels::adapter::build_pool;
-use paged_kernels::{pool::gather, PagedCaseSpec, SplitKv};
+use paged_kernels::{pool::gather, CacheCaseSpec, KvCacheFormat, PagedCaseSpec, SplitKv};
 use rand::Rng;
 
 /// Random paged batches, then the edge cases, each under every split policy; plus an
@@ -62,8 +65,77 @@ fn paged_cases(cases: usize, seed: u64, dtype: DType) -> Vec<PagedCaseSpec> {
     out
 }
 
-/// Paged decode under every split policy on every case, and the append round trip.
+/// The KV-cache formats the cache cases take in turn.
+const CACHE_FORMATS: [&str; 9] = [
+    "f16",
+    "bf16",
+    "fp8",
+    "int8",
+    "fp8:per_head",
+    "int8:per_head",
+    "progressive:window=64,old=int8",
+    "progressive:window=40,old=fp8,recent=bf16",
+    "f32",
+];
+
+/// The split policies of a case, each with its variant name.
+fn splits(prefix: &str, seed: u64) -> [(SplitKv, String); 3] {
+    let part = 1 + (seed % 300) as usize;
+    [
+        (SplitKv::Off, prefix.to_string()),
+        (SplitKv::Auto, format!("{prefix}:split=auto")),
+        (SplitKv::Tokens(part), format!("{prefix}:split={part}")),
+    ]
+}
+
+/// Paged decode over a `KvCache` in each format in turn, every split policy, against the
+/// f64 reference of the cache as stored (its tolerance scaled to the reference's size: the
+/// outliers make some outputs large).
+fn check_cache_formats(ctx: &mut Ctx, specs: &[PagedCaseSpec]) -> Result<()> {
+    for (case, spec) in specs.iter().enumerate() {
+        let format = KvCacheFormat::parse(CACHE_FORMATS[case % CACHE_FORMATS.len()])?;
+        let c = CacheCaseSpec {
+            context_lens: spec.context_lens.clone(),
+            block_size: spec.block_size,
+            kv_heads: spec.kv_heads,
+            group: spec.group,
+            head_dim: spec.head_dim,
+            q_len: spec.q_len,
+            format,
+            spare_blocks: spec.spare_blocks,
+            outlier: 8.0,
+            seed: spec.seed,
+        }
+        .build()?;
+        let want = c.reference()?;
+        let tol = tolerance(DType::F32).scaled_to(&want);
+        for (split, name) in splits("paged_decode_cache", spec.seed) {
+            let outcome = c
+                .decode(split)
+                .map(|got| ErrorStats::compare(&got, &want))
+                .map_err(|e| e.to_string());
+            ctx.record_with(
+                "paged",
+                case,
+                &name,
+                DType::F32,
+                tol,
+                c.label(),
+                spec.seed,
+                outcome,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Paged decode under every split policy on every case, and the append round trip; on the
+/// CPU, the cases again over a cache in each format.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
+    let cuda = matches!(ctx.opts.device, Device::Cuda(_));
+    if !cuda {
+        check_cache_formats(ctx, &paged_cases(ctx.opts.cases, ctx.opts.seed, DType::F32))?;
+    }
     for &dtype in &ctx.opts.dtypes.clone() {
         for (case, spec) in paged_cases(ctx.opts.cases, ctx.opts.seed, dtype)
             .iter()
@@ -71,9 +143,12 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         {
             let c = spec.build()?;
             let want = c.reference()?;
-            let part = 1 + (spec.seed % 300) as usize;
-            let cuda = matches!(ctx.opts.device, Device::Cuda(_));
-            for split in [SplitKv::Off, SplitKv::Auto, SplitKv::Tokens(part)] {
+            let prefix = if cuda {
+                "cuda_paged_decode"
+            } else {
+                "paged_decode"
+            };
+            for (split, name) in splits(prefix, spec.seed) {
                 let got = if cuda {
                     paged_kernels::cuda::paged_decode_cuda(&c.shape, &c.batch, &c.pool, &c.q, split)
                         .map(|b| b.to_f32())
@@ -83,16 +158,6 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
                 let outcome = got
                     .map(|got| ErrorStats::compare(&got, &want))
                     .map_err(|e| e.to_string());
-                let prefix = if cuda {
-                    "cuda_paged_decode"
-                } else {
-                    "paged_decode"
-                };
-                let name = match split {
-                    SplitKv::Off => prefix.to_string(),
-                    SplitKv::Auto => format!("{prefix}:split=auto"),
-                    SplitKv::Tokens(n) => format!("{prefix}:split={n}"),
-                };
                 ctx.record("paged", case, &name, dtype, c.label(), spec.seed, outcome)?;
             }
             // Append round trip from contiguous K/V through shuffled blocks and back.
