@@ -57,6 +57,21 @@ pub struct Evidence {
     pub by: Vec<String>,
 }
 
+impl Evidence {
+    /// "`column`", or "`column` of a=x over b=y" for a ratio.
+    pub fn describe_value(&self) -> String {
+        match &self.ratio {
+            Some(r) => format!(
+                "`{}` of {} over {}",
+                self.column,
+                describe_filter(&r.of),
+                describe_filter(&r.over)
+            ),
+            None => format!("`{}`", self.column),
+        }
+    }
+}
+
 /// Two sets of rows whose values are divided, paired on the columns `on`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -162,15 +162,7 @@ fn claims_page(decl: &claims::Declarations, results: &Path) -> String {
         }
         for (k, j) in c.check.iter().zip(js) {
             let ev = &k.evidence;
-            let value = match &ev.ratio {
-                Some(r) => format!(
-                    "`{}` of {} / of {}",
-                    ev.column,
-                    claims::describe_filter(&r.of),
-                    claims::describe_filter(&r.over)
-                ),
-                None => format!("`{}`", ev.column),
-            };
+            let value = ev.describe_value();
             let stat = match k.stat.as_deref() {
                 Some(s) if s != "each" => format!("{s} of "),
                 _ => "each ".into(),
@@ -212,15 +204,7 @@ fn findings_page(decl: &claims::Declarations, results: &Path) -> Result<String> 
         for f in findings {
             let ev = &f.evidence;
             let _ = write!(out, "\n### {}\n\n", f.title);
-            let what = match &ev.ratio {
-                Some(r) => format!(
-                    "`{}` of {} over {}",
-                    ev.column,
-                    claims::describe_filter(&r.of),
-                    claims::describe_filter(&r.over)
-                ),
-                None => format!("`{}`", ev.column),
-            };
+            let what = ev.describe_value();
             match values(results, ev) {
                 Err(reason) => {
                     let _ = writeln!(out, "Not available: {reason}.");
