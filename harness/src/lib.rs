@@ -36,6 +36,8 @@ pub mod quality;
 pub mod registry;
 /// Markdown reports and SVG plots of a run, from its CSV.
 pub mod render;
+/// The paper: claims judged by declared rules against result CSVs, findings, machines.
+pub mod report;
 /// Read bandwidth and FMA peak of this machine (and a GPU's).
 pub mod roofline;
 /// Result rows: the shared head, a family's columns, the CSV writer and reader.

@@ -1,9 +1,10 @@
-//! The `harness` command line: list, check, exp, plan, merge, replay, generate, roofline, render. Every error is one line on
+//! The `harness` command line: list, check, exp, plan, merge, replay, generate, roofline,
+//! compare, paper, render. Every error is one line on
 //! stderr and exit code 2; a check or experiment with a wrong answer exits 1.
 
 use clap::{Args, Parser, Subcommand};
 use harness::checking::CheckOptions;
-use harness::commands::{check, eval, exp, generate, merge, replay};
+use harness::commands::{check, compare, eval, exp, generate, merge, replay};
 use harness::error::{HarnessError, Result};
 use harness::mem_guard::MemBudget;
 use harness::run_files::ExpOptions;
@@ -250,6 +251,33 @@ enum Command {
     /// window), with KL divergence and top-1 agreement against a reference run.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// Compare two runs of one experiment row by row (joined on grid point and variant):
+    /// B's speed-up over A by median and the change in error; a row regressed when the
+    /// p10–p90 ranges do not overlap and B is slower by more than --threshold. Exit 1 on a
+    /// regression.
+    Compare {
+        /// A (before): a run CSV, a results/<exp>/ folder (its newest run) or a run id.
+        before: String,
+        /// B (after), as A.
+        after: String,
+        /// Percent the median must move, beyond non-overlapping p10–p90, to count.
+        #[arg(long, default_value_t = 5.0, value_name = "PCT")]
+        threshold: f64,
+        /// Output on stdout.
+        #[arg(long, value_enum, default_value = "table")]
+        format: compare::CompareFormat,
+    },
+    /// Regenerate paper/ from results/ and experiments/claims.toml: claims.md (a verdict per
+    /// claim), findings.md, method.md, machines.md. With --check, write nothing and exit 1
+    /// if paper/ differs from what would be generated.
+    Paper {
+        /// Compare with paper/ instead of writing it.
+        #[arg(long)]
+        check: bool,
+        /// Folder to write (default: paper/ of the checkout).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Regenerate the .md and .svg of a run from its CSV and JSON.
     Render {
         /// results/<exp>/<run-id>.csv
@@ -495,6 +523,24 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Compare {
+            before,
+            after,
+            threshold,
+            format,
+        } => compare::run(&compare::CompareOptions {
+            before,
+            after,
+            threshold_pct: threshold,
+            format,
+            results_dir: dir_or_workspace(cli.results_dir, "results")?,
+        }),
+        Command::Paper { check, out } => harness::report::run(&harness::report::PaperOptions {
+            experiments_dir: dir_or_workspace(cli.experiments_dir, "experiments")?,
+            results_dir: dir_or_workspace(cli.results_dir, "results")?,
+            out: dir_or_workspace(out, "paper")?,
+            check,
+        }),
         Command::Render { csv } => {
             let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
             println!("{}", exp::rerender(&csv, &experiments_dir)?);

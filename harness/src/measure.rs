@@ -6,7 +6,7 @@ use kernel_common::error::Result;
 use std::time::Instant;
 
 /// Bytes of the cache-flush buffer (2 × a 32 MiB L3).
-const FLUSH_BYTES: usize = 64 << 20;
+pub const FLUSH_BYTES: usize = 64 << 20;
 
 /// A buffer whose traversal evicts the caches.
 pub struct CacheFlusher {

@@ -161,7 +161,8 @@ impl ExperimentSpec {
         Ok(spec)
     }
 
-    /// Every experiment spec under `dir`, sorted by name.
+    /// Every experiment spec under `dir`, sorted by name (every `.toml` file but the claims'
+    /// declarations).
     pub fn list(dir: &Path) -> Result<Vec<ExperimentSpec>> {
         let mut out = vec![];
         let entries = std::fs::read_dir(dir)
@@ -169,6 +170,7 @@ impl ExperimentSpec {
         let mut paths: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .filter(|p| !p.ends_with(CLAIMS_FILE))
             .collect();
         paths.sort();
         for p in paths {
@@ -259,6 +261,9 @@ impl ExperimentSpec {
 /// The most points a grid may expand into (the product of its lists' lengths): far more than
 /// any run could measure, and a bound on what expanding a small spec file may allocate.
 pub const MAX_GRID_POINTS: usize = 100_000;
+
+/// The file in experiments/ that declares the claims' checks (`harness paper`), not a spec.
+pub const CLAIMS_FILE: &str = "claims.toml";
 
 fn is_claim_id(c: &str) -> bool {
     c.strip_prefix('C')

@@ -3,6 +3,8 @@
 
 /// `harness check`.
 pub mod check;
+/// `harness compare`: two runs row by row, regressions flagged.
+pub mod compare;
 /// `harness eval perplexity`.
 pub mod eval;
 /// `harness exp`, `harness plan` and `harness render`.

@@ -5,7 +5,7 @@
 
 use crate::error::Result;
 use crate::provenance::Provenance;
-use crate::row::{read_rows, Columns, Row};
+use crate::row::{read_rows, Row};
 use crate::spec::ExperimentSpec;
 use serde::{de::DeserializeOwned, Serialize};
 use std::fmt::Write as _;
@@ -44,7 +44,7 @@ pub fn report<F: DeserializeOwned + Serialize>(
     tables: impl Fn(&ExperimentSpec, &[Row<F>]) -> String,
 ) -> Result<Rendered> {
     let rows: Vec<Row<F>> = read_rows(csv)?;
-    plots(spec, &rows, prov, csv)?;
+    plots(spec, &crate::report::table::Table::read(csv)?, prov, csv)?;
     Ok(Rendered {
         tables: tables(spec, &rows),
         rows: serde_json::to_value(&rows)?,
@@ -143,9 +143,9 @@ fn shards_table(m: &crate::provenance::MergeRecord) -> String {
 }
 
 /// `<run-id>.svg` from `plot`, `<run-id>-2.svg`, ... from `extra_plots`.
-fn plots<R: Columns>(
+fn plots(
     spec: &ExperimentSpec,
-    rows: &[R],
+    rows: &crate::report::table::Table,
     prov: &Provenance,
     csv: &Path,
 ) -> Result<()> {

@@ -4,66 +4,145 @@
 
 use crate::error::{HarnessError, Result};
 use crate::provenance::Provenance;
-use crate::row::Columns;
+use crate::report::table::{key_columns, point_of, Table};
 use crate::spec::PlotSpec;
 use plotters::prelude::*;
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-fn num<R: Columns>(row: &R, name: &str) -> Option<f64> {
-    row.column(name).parse().ok()
-}
 
 fn plot_err(e: impl std::fmt::Display) -> HarnessError {
     HarnessError::Usage(format!("plotting failed: {e}"))
 }
 
+/// Panels per row of the figure.
+const PANELS_PER_ROW: usize = 3;
+
 /// The SVG at `path` (written atomically): panels × series, with the roofline where the
 /// metric has one.
-pub(super) fn plot<R: Columns>(
-    p: &PlotSpec,
-    rows: &[R],
-    prov: &Provenance,
-    path: &Path,
-) -> Result<()> {
+pub(super) fn plot(p: &PlotSpec, table: &Table, prov: &Provenance, path: &Path) -> Result<()> {
     let mut svg = String::new();
-    draw(p, rows, prov, &mut svg)?;
+    draw(p, table, prov, &mut svg)?;
     crate::atomic::write(path, svg)
 }
 
-fn draw<R: Columns>(p: &PlotSpec, rows: &[R], prov: &Provenance, svg: &mut String) -> Result<()> {
-    let rows: Vec<&R> = rows
+/// Values compared as numbers where both are, as text otherwise (`128` before `1024`).
+fn by_value(a: &[String], b: &[String]) -> Ordering {
+    for (x, y) in a.iter().zip(b) {
+        let o = match (x.parse::<f64>(), y.parse::<f64>()) {
+            (Ok(x), Ok(y)) => x.total_cmp(&y),
+            _ => x.cmp(y),
+        };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// A tick label: integers plainly, other values with two decimals.
+fn tick(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// One panel: the values of the panel keys, and per series its (x, y) points.
+struct Panel {
+    values: Vec<String>,
+    series: BTreeMap<String, Vec<(f64, f64)>>,
+    metric: String,
+}
+
+/// The panels: one per value of `plot.panel` and of every other key that varies among the
+/// plotted rows (never a value picked silently), less panels with fewer than two x values.
+fn panels(p: &PlotSpec, t: &Table) -> (Vec<String>, Vec<Panel>) {
+    let rows: Vec<&[String]> = t
+        .rows
         .iter()
+        .map(Vec::as_slice)
         .filter(|r| {
-            r.column("status") == "ok"
+            t.get(r, "status") == "ok"
                 && p.filter
                     .iter()
-                    .all(|(k, v)| v.split('|').any(|alt| r.column(k) == alt))
+                    .all(|(k, v)| v.split('|').any(|alt| t.get(r, k) == alt))
         })
         .collect();
-    let mut panels: Vec<String> = rows.iter().map(|r| r.column(&p.panel)).collect();
-    panels.sort();
-    panels.dedup();
-    if panels.is_empty() {
-        panels.push("(no measured rows)".into());
+    let metrics: Vec<&str> = p.y.values().map(String::as_str).collect();
+    let apart = [p.x.as_str(), p.series.as_str(), p.panel.as_str()];
+    let mut keys = vec![p.panel.clone()];
+    keys.extend(key_columns(&[(t, rows.clone())], &apart, &metrics));
+    let mut grouped: BTreeMap<String, (Vec<String>, Vec<&[String]>)> = BTreeMap::new();
+    for r in &rows {
+        let values: Vec<String> = keys.iter().map(|k| t.get(r, k).to_string()).collect();
+        grouped
+            .entry(point_of(t, r, &keys))
+            .or_insert_with(|| (values, vec![]))
+            .1
+            .push(r);
     }
-    let root = SVGBackend::with_string(svg, (560 * panels.len() as u32, 440)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
-    let areas = root.split_evenly((1, panels.len()));
-    for (area, panel) in areas.iter().zip(&panels) {
-        let metric =
-            p.y.get(panel)
-                .or_else(|| p.y.get("*"))
-                .cloned()
-                .unwrap_or_else(|| "median_ms".into());
-        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for r in rows.iter().filter(|r| r.column(&p.panel) == *panel) {
-            if let (Some(x), Some(y)) = (num(*r, &p.x), num(*r, &metric)) {
-                if !p.log_y || y > 0.0 {
-                    series.entry(r.column(&p.series)).or_default().push((x, y));
+    let mut out: Vec<Panel> = grouped
+        .into_values()
+        .map(|(values, rows)| {
+            let metric =
+                p.y.get(&values[0])
+                    .or_else(|| p.y.get("*"))
+                    .cloned()
+                    .unwrap_or_else(|| "median_ms".into());
+            let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+            for r in rows {
+                if let (Some(x), Some(y)) = (t.number(r, &p.x), t.number(r, &metric)) {
+                    if !p.log_y || y > 0.0 {
+                        series
+                            .entry(t.get(r, &p.series).to_string())
+                            .or_default()
+                            .push((x, y));
+                    }
                 }
             }
-        }
+            Panel {
+                values,
+                series,
+                metric,
+            }
+        })
+        .filter(|panel| {
+            let mut xs: Vec<f64> = panel.series.values().flatten().map(|pt| pt.0).collect();
+            xs.sort_by(f64::total_cmp);
+            xs.dedup();
+            xs.len() >= 2
+        })
+        .collect();
+    out.sort_by(|a, b| by_value(&a.values, &b.values));
+    (keys, out)
+}
+
+fn draw(p: &PlotSpec, table: &Table, prov: &Provenance, svg: &mut String) -> Result<()> {
+    let (keys, mut panels) = panels(p, table);
+    if panels.is_empty() {
+        panels.push(Panel {
+            values: vec!["(no panel with two or more x values)".into()],
+            series: BTreeMap::new(),
+            metric: p.y.get("*").cloned().unwrap_or_else(|| "median_ms".into()),
+        });
+    }
+    let cols = panels.len().min(PANELS_PER_ROW);
+    let grid_rows = panels.len().div_ceil(PANELS_PER_ROW);
+    let root = SVGBackend::with_string(svg, (560 * cols as u32, 440 * grid_rows as u32))
+        .into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let areas = root.split_evenly((grid_rows, cols));
+    for (area, panel) in areas.iter().zip(panels) {
+        let Panel {
+            values,
+            series,
+            metric,
+        } = panel;
+        let mut xs: Vec<f64> = series.values().flatten().map(|pt| pt.0).collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
         let roof = match metric.as_str() {
             "gbps" => Some(("read bandwidth", prov.roofline.read_gbps)),
             "gflops" => Some(("FMA peak", prov.roofline.fma_gflops)),
@@ -86,19 +165,26 @@ fn draw<R: Columns>(p: &PlotSpec, rows: &[R], prov: &Provenance, svg: &mut Strin
         if x1 <= x0 {
             x1 = x0 * 2.0;
         }
+        // Log axes get ticks at the grid's values (at most ten, evenly spread); linear ones
+        // plotters' round numbers.
+        let step = xs.len().div_ceil(10).max(1);
+        let ticks: Vec<f64> = xs.iter().copied().step_by(step).collect();
+        let (lx0, lx1) = (x0 / 1.15, x1 * 1.15);
+        let pad = (x1 - x0) * 0.03;
         let small = y1 < 20.0;
         // Multi-valued filters (a|b|c) pick the series; the caption names single values only.
-        let filter: Vec<String> = p
-            .filter
+        let mut named: Vec<String> = keys
             .iter()
-            .filter(|(_, v)| !v.contains('|'))
+            .zip(&values)
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        let caption = if filter.is_empty() {
-            format!("{} {panel}", p.panel)
-        } else {
-            format!("{} {panel} ({})", p.panel, filter.join(" "))
-        };
+        named.extend(
+            p.filter
+                .iter()
+                .filter(|(_, v)| !v.contains('|'))
+                .map(|(k, v)| format!("{k}={v}")),
+        );
+        let caption = named.join(" ");
         let mut b = ChartBuilder::on(area);
         b.caption(caption, ("sans-serif", 16))
             .margin(12)
@@ -111,14 +197,8 @@ fn draw<R: Columns>(p: &PlotSpec, rows: &[R], prov: &Provenance, svg: &mut Strin
                     .configure_mesh()
                     .x_desc(p.x.as_str())
                     .y_desc(metric.as_str())
-                    .x_labels(8)
-                    .x_label_formatter(&|x| {
-                        if x1 - x0 < 10.0 {
-                            format!("{x:.2}")
-                        } else {
-                            format!("{x:.0}")
-                        }
-                    })
+                    .x_labels(ticks.len().max(2))
+                    .x_label_formatter(&|x| tick(*x))
                     .y_label_formatter(&|y| {
                         if p.log_y {
                             format!("{y:.0e}")
@@ -173,16 +253,22 @@ fn draw<R: Columns>(p: &PlotSpec, rows: &[R], prov: &Provenance, svg: &mut Strin
         let y_log = (y0 * 0.8)..(y1 * 1.25);
         match (p.log_x, p.log_y) {
             (true, false) => draw!(b
-                .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1 * 1.1)
+                .build_cartesian_2d(
+                    (lx0..lx1).log_scale().with_key_points(ticks.clone()),
+                    0.0..y1 * 1.1
+                )
                 .map_err(plot_err)?),
             (false, false) => draw!(b
-                .build_cartesian_2d(x0..x1, 0.0..y1 * 1.1)
+                .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..y1 * 1.1)
                 .map_err(plot_err)?),
             (true, true) => draw!(b
-                .build_cartesian_2d((x0..x1).log_scale(), y_log.log_scale())
+                .build_cartesian_2d(
+                    (lx0..lx1).log_scale().with_key_points(ticks.clone()),
+                    y_log.log_scale()
+                )
                 .map_err(plot_err)?),
             (false, true) => draw!(b
-                .build_cartesian_2d(x0..x1, y_log.log_scale())
+                .build_cartesian_2d((x0 - pad)..(x1 + pad), y_log.log_scale())
                 .map_err(plot_err)?),
         }
     }
