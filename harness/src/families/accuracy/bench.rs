@@ -61,6 +61,8 @@ pub struct Bench {
     pub decode_context: usize,
     pub decode_steps: usize,
     references: HashMap<Windows, (RefLogits, f64)>,
+    /// The f32 model, loaded on first use (the references and the speed baseline).
+    f32_model: Option<Llama>,
     f32_decode: Option<f64>,
 }
 
@@ -85,6 +87,7 @@ impl Bench {
             decode_context: decode.0,
             decode_steps: decode.1,
             references: HashMap::new(),
+            f32_model: None,
             f32_decode: None,
         }
     }
@@ -113,6 +116,14 @@ impl Bench {
         Ok(load(&self.model_path, &opts)?.model)
     }
 
+    /// Loads the f32 model unless it is loaded.
+    fn ensure_f32(&mut self) -> Result<()> {
+        if self.f32_model.is_none() {
+            self.f32_model = Some(self.load(&Formats::uniform(WeightFormat::F32))?);
+        }
+        Ok(())
+    }
+
     /// The f32 model's log-probabilities over windows `w`, computed on first use.
     fn reference(&mut self, w: Windows, bar: &ProgressBar) -> Result<()> {
         if !self.references.contains_key(&w) {
@@ -120,9 +131,10 @@ impl Bench {
                 "f32 reference over {} windows",
                 self.windows(w).len()
             ));
-            let m = self.load(&Formats::uniform(WeightFormat::F32))?;
+            self.ensure_f32()?;
+            let m = self.f32_model.as_ref().expect("loaded");
             let out = run(
-                &m,
+                m,
                 &self.tokens,
                 self.windows(w),
                 None,
@@ -191,8 +203,8 @@ impl Bench {
         if let Some(v) = self.f32_decode {
             return Ok(v);
         }
-        let m = self.load(&Formats::uniform(WeightFormat::F32))?;
-        let v = self.decode_tokens_per_s(&m)?;
+        self.ensure_f32()?;
+        let v = self.decode_tokens_per_s(self.f32_model.as_ref().expect("loaded"))?;
         self.f32_decode = Some(v);
         Ok(v)
     }
@@ -224,4 +236,98 @@ pub fn projection_bits(m: &Llama) -> f64 {
         }
     }
     bits / params.max(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{mixed, one_layer, rank_by_kl};
+    use super::*;
+    use models::eval::perplexity::windows;
+
+    /// tiny-gqa (4 layers, d 256, vocab 512, seeded random weights) over a fixed token
+    /// stream: 2 long windows and 1 short one of 32 tokens, 15 rows scored in each.
+    fn bench() -> Bench {
+        let tokens: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 13) % 512).collect();
+        let long = windows(tokens.len(), 32, 32, Some(2)).unwrap();
+        let short = windows(tokens.len(), 32, 32, Some(1)).unwrap();
+        Bench::new(
+            "tiny-gqa".into(),
+            "a fixed stream".into(),
+            tokens,
+            long,
+            short,
+            MatVecVariant::FUSED,
+            (16, 4),
+        )
+    }
+
+    fn fmt(s: &str) -> WeightFormat {
+        WeightFormat::parse(s).unwrap()
+    }
+
+    #[test]
+    fn an_f32_override_adds_no_kl_and_a_real_one_does() {
+        let mut b = bench();
+        let bar = ProgressBar::hidden();
+        for layer in 0..4 {
+            let m = b.load(&one_layer(layer, WeightFormat::F32)).unwrap();
+            let got = b.measure(&m, Windows::Short, &bar).unwrap();
+            assert_eq!(got.kl.kl.mean(), 0.0, "layer {layer}");
+            assert_eq!(got.kl.top1_agreement(), 1.0);
+            assert_eq!(got.ppl.ppl(), got.ref_ppl);
+            assert_eq!(got.ppl.nll.count, 15);
+        }
+        let m = b.load(&one_layer(1, fmt("sym3g32"))).unwrap();
+        let got = b.measure(&m, Windows::Short, &bar).unwrap();
+        assert!(got.kl.kl.mean() > 0.0);
+        assert!(got.ppl.ppl().is_finite());
+    }
+
+    #[test]
+    fn a_planted_sensitive_layer_ranks_first() {
+        let mut b = bench();
+        let bar = ProgressBar::hidden();
+        for planted in [0, 2] {
+            let kls: Vec<f64> = (0..4)
+                .map(|l| {
+                    let f = if l == planted { "sym2g32" } else { "sym8g32" };
+                    let m = b.load(&one_layer(l, fmt(f))).unwrap();
+                    b.measure(&m, Windows::Short, &bar).unwrap().kl.kl.mean()
+                })
+                .collect();
+            assert_eq!(rank_by_kl(&kls)[0], planted, "{kls:?}");
+            assert!(kls.iter().all(|&k| k > 0.0), "{kls:?}");
+        }
+    }
+
+    #[test]
+    fn the_mixed_plan_sits_between_uniform_low_and_high() {
+        let mut b = bench();
+        let bar = ProgressBar::hidden();
+        let (low, high) = (fmt("sym4g32"), fmt("sym8g32"));
+        let mut measure = |f: &Formats| {
+            let m = b.load(f).unwrap();
+            let got = b.measure(&m, Windows::Long, &bar).unwrap();
+            let tps = b.decode_tokens_per_s(&m).unwrap();
+            assert!(tps.is_finite() && tps > 0.0);
+            got
+        };
+        let lo = measure(&Formats::uniform(low));
+        let hi = measure(&Formats::uniform(high));
+        let (plan, kept) = mixed(&[3, 1, 0, 2], 1, low, high);
+        assert_eq!(kept, vec![3]);
+        let mid = measure(&plan);
+        // One of four equal layers in 8.5 bits, three in 4.5.
+        assert!((lo.projection_bits - 4.5).abs() < 1e-9);
+        assert!((hi.projection_bits - 8.5).abs() < 1e-9);
+        assert!(
+            (mid.projection_bits - 5.5).abs() < 1e-9,
+            "{}",
+            mid.projection_bits
+        );
+        assert!(lo.weight_bytes < mid.weight_bytes && mid.weight_bytes < hi.weight_bytes);
+        assert!(hi.kl.kl.mean() < lo.kl.kl.mean());
+        assert_eq!(mid.ppl.nll.count, 30);
+        assert!(b.f32_decode().unwrap() > 0.0);
+    }
 }

@@ -162,6 +162,14 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     })?;
     let decode_steps = g.one("decode_steps", "16", "a positive integer", |n: usize| n > 0)?;
 
+    let formats = format_names
+        .iter()
+        .map(|n| format(n, "format"))
+        .collect::<Result<Vec<_>>>()?;
+    let named = sens_names.iter().map(|n| (n, "sens_format"));
+    for (n, key) in named.chain([(&plan_low, "plan_low"), (&plan_high, "plan_high")]) {
+        format(n, key)?;
+    }
     // Everything is checked before results/ is touched: the model, its tokenizer, the text's
     // length against every window, every format against every matrix.
     let path = resolve_model(&model_name)?;
@@ -204,10 +212,6 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             tokens.len()
         )));
     }
-    let formats = format_names
-        .iter()
-        .map(|n| format(n, "format"))
-        .collect::<Result<Vec<_>>>()?;
     let sens = sens_names
         .iter()
         .map(|n| fitting(n, "sens_format", &cfg, &model_name))
