@@ -306,50 +306,37 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             bar.inc(1);
         }
     }
-    if has("layers") {
+    // The scans: a point is one study in one format, every target of it.
+    for study in ["layers", "projections"].into_iter().filter(|s| has(s)) {
         for (name, &f) in sens_names.iter().zip(&sens) {
-            let k = key("layers", "format", name);
+            let k = key(study, "format", name);
             if !run.owns(&k) {
                 continue;
             }
+            let targets: Vec<(String, Formats)> = if study == "layers" {
+                layers
+                    .iter()
+                    .map(|&l| (l.to_string(), plan::one_layer(l, f)))
+                    .collect()
+            } else {
+                Proj::ALL
+                    .iter()
+                    .map(|&p| (p.name().to_string(), plan::one_projection(p, f)))
+                    .collect()
+            };
             let mut rows = vec![];
-            for &l in &layers {
-                bar.set_message(format!("layer {l} in {name}"));
-                let m = bench.load(&plan::one_layer(l, f))?;
+            for (target, formats) in targets {
+                bar.set_message(format!("{study}: {target} in {name}"));
+                let m = bench.load(&formats)?;
                 let measured = bench.measure(&m, Windows::Short, &bar)?;
-                rows.push(rc.measured(
-                    scan_subject("layers", name, l.to_string(), f, &bench),
-                    &measured,
-                    None,
-                ));
+                let s = scan_subject(study, name, target, f, &bench);
+                rows.push(rc.measured(s, &measured, None));
                 bar.inc(1);
             }
             rank_rows(&mut rows);
-            if f == low {
+            if study == "layers" && f == low {
                 low_kls = Some(rows.iter().map(|r| r.kl_mean.unwrap_or(0.0)).collect());
             }
-            run.write_point(&k, &rows)?;
-        }
-    }
-    if has("projections") {
-        for (name, &f) in sens_names.iter().zip(&sens) {
-            let k = key("projections", "format", name);
-            if !run.owns(&k) {
-                continue;
-            }
-            let mut rows = vec![];
-            for p in Proj::ALL {
-                bar.set_message(format!("{} in {name}", p.name()));
-                let m = bench.load(&plan::one_projection(p, f))?;
-                let measured = bench.measure(&m, Windows::Short, &bar)?;
-                rows.push(rc.measured(
-                    scan_subject("projections", name, p.name().into(), f, &bench),
-                    &measured,
-                    None,
-                ));
-                bar.inc(1);
-            }
-            rank_rows(&mut rows);
             run.write_point(&k, &rows)?;
         }
     }
