@@ -10,6 +10,7 @@
 use crate::error::{HarnessError, Result};
 use crate::family::{ExpFamily, Family, ReplayFamily, VariantInfo};
 
+pub mod accuracy;
 pub mod attention;
 pub mod decode;
 pub mod kv;
@@ -33,6 +34,7 @@ pub const FAMILIES: &[Family] = &[
     kv_precision::FAMILY,
     serving::FAMILY,
     decode::FAMILY,
+    accuracy::FAMILY,
 ];
 
 /// The names of the families that have `what` (for error messages).
