@@ -224,10 +224,31 @@ impl Rule {
 
 /// Whether a cell matches a filter value (`a|b`, `prefix*`).
 fn matches(cell: &str, want: &str) -> bool {
-    want.split('|').any(|w| match w.strip_suffix('*') {
-        Some(prefix) => cell.starts_with(prefix),
-        None => cell == w,
+    want.split('|').any(|w| {
+        if let Some(hit) = compares(cell, w) {
+            return hit;
+        }
+        match w.strip_suffix('*') {
+            Some(prefix) => cell.starts_with(prefix),
+            None => cell == w,
+        }
     })
+}
+
+/// A numeric filter (`>2`, `<=0.5`): whether the cell passes it; `None` when `want` is not one.
+/// A cell that is not a number passes no numeric filter.
+fn compares(cell: &str, want: &str) -> Option<bool> {
+    let ops: [(&str, fn(f64, f64) -> bool); 4] = [
+        (">=", |a, b| a >= b),
+        ("<=", |a, b| a <= b),
+        (">", |a, b| a > b),
+        ("<", |a, b| a < b),
+    ];
+    let (op, bound) = ops.iter().find_map(|(p, op)| {
+        let x: f64 = want.strip_prefix(p)?.trim().parse().ok()?;
+        Some((op, x))
+    })?;
+    Some(cell.trim().parse::<f64>().is_ok_and(|v| op(v, bound)))
 }
 
 fn matches_all(t: &Table, row: &[String], filter: &BTreeMap<String, String>) -> bool {
@@ -591,6 +612,12 @@ mod tests {
         assert!(matches("flash2:br=64", "flash2*"));
         assert!(matches("paged", "naive|paged"));
         assert!(!matches("paged2", "paged"));
+        assert!(matches("2.21", ">2") && !matches("2", ">2") && matches("2", ">=2"));
+        assert!(matches("-0.3", "<0.5") && !matches("", "<0.5") && !matches("NaN", ">2"));
+        assert!(
+            matches(">2x", ">2x"),
+            "not a number's bound: compared as text"
+        );
         assert_eq!(num(2.0938), "2.09");
         assert_eq!(num(1234.5), "1234");
         assert_eq!(num(0.000123), "1.23e-4");
