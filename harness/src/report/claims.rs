@@ -238,7 +238,8 @@ fn matches(cell: &str, want: &str) -> bool {
 /// A numeric filter (`>2`, `<=0.5`): whether the cell passes it; `None` when `want` is not one.
 /// A cell that is not a number passes no numeric filter.
 fn compares(cell: &str, want: &str) -> Option<bool> {
-    let ops: [(&str, fn(f64, f64) -> bool); 4] = [
+    type Compare = fn(f64, f64) -> bool;
+    let ops: [(&str, Compare); 4] = [
         (">=", |a, b| a >= b),
         ("<=", |a, b| a <= b),
         (">", |a, b| a > b),
