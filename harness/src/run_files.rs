@@ -83,6 +83,14 @@ pub fn spread(len: usize, count: usize) -> Vec<usize> {
 /// Typed reads of a resolved grid, one clear error per bad value.
 pub struct GridValues<'a>(pub &'a BTreeMap<String, Vec<String>>);
 
+/// `AxB` with both positive (`4096x11008`, `512x8`); `None` otherwise, for the caller to name
+/// its form in the error.
+pub fn pair_of_counts(text: &str) -> Option<(usize, usize)> {
+    text.split_once('x')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+        .filter(|&(a, b): &(usize, usize)| a > 0 && b > 0)
+}
+
 impl GridValues<'_> {
     /// The values of `key`, or `default` when the grid does not set it.
     pub fn strings(&self, key: &str, default: &[&str]) -> Vec<String> {

@@ -9,6 +9,9 @@
 //! without the model (scripts/fetch-models.sh) or the Debian licence text.
 
 mod common;
+#[path = "common/exits.rs"]
+mod exits;
+use exits::{json_ok, one_line_exit_2};
 
 use common::TempDir;
 use std::ffi::OsStr;
@@ -47,24 +50,6 @@ fn eval<S: AsRef<OsStr>>(args: &[S]) -> Output {
         .args(args)
         .output()
         .expect("the harness binary runs")
-}
-
-fn json_ok(out: &Output) -> serde_json::Value {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn one_line_exit_2(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains(needle), "want '{needle}' in {stderr}");
-    assert!(out.stdout.is_empty(), "nothing on stdout after a refusal");
 }
 
 fn fixture() -> serde_json::Value {

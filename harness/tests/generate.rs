@@ -9,6 +9,9 @@
 //! scores SmolLM2 against its f32 cache's saved logits (KL, top-1).
 
 mod common;
+#[path = "common/exits.rs"]
+mod exits;
+use exits::{json_ok, one_line_exit_2};
 
 use common::TempDir;
 use std::ffi::OsStr;
@@ -40,22 +43,6 @@ fn generate<S: AsRef<OsStr>>(args: &[S]) -> Output {
 }
 
 /// The JSON a successful run printed (exit 0 asserted, stderr shown otherwise).
-fn json_ok(out: &Output) -> serde_json::Value {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn one_line_exit_2(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains(needle), "want '{needle}' in {stderr}");
-}
 
 #[test]
 fn greedy_json_matches_transformers() {

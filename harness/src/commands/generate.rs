@@ -253,10 +253,13 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         )));
     }
     let tokens = prompt_ids.len() + args.max_new_tokens;
-    let blocks = tokens.div_ceil(args.block_size.max(1)) * args.block_size.max(1);
-    let c = &model.cfg;
-    let kv = crate::mem_guard::product(&[blocks, c.layers, 2, c.kv_heads, c.head_dim, 4]);
-    if let Some(note) = budget.refuse(kv, &format!("the K/V cache of {tokens} tokens")) {
+    let bs = args.block_size.max(1);
+    // The session's pool in the cache's own format (`--kv-cache int8` holds a quarter of f32).
+    let kv = models::KvPools::planned_bytes(model, tokens.div_ceil(bs), bs);
+    if let Some(note) = budget.refuse(
+        kv,
+        &format!("the {} K/V cache of {tokens} tokens", model.kv_cache()),
+    ) {
         return Err(HarnessError::Usage(format!("this generation {note}")));
     }
     let mut session = Session::new(

@@ -160,6 +160,10 @@ pub struct Judged {
     /// The numbers, in words.
     pub measured: String,
     pub run: Option<RunRef>,
+    /// The values judged (empty when untested).
+    pub values: Vec<f64>,
+    /// The statistic judged: `max`/`min`/`median` when the check names one, else the median.
+    pub marker: Option<f64>,
 }
 
 /// Reads and parses the declarations; a bad file is one line.
@@ -489,6 +493,8 @@ pub fn judge(results: &Path, check: &CheckDecl) -> Judged {
                 verdict: Verdict::Untested(reason),
                 measured: String::new(),
                 run: None,
+                values: vec![],
+                marker: None,
             }
         }
     };
@@ -502,6 +508,8 @@ pub fn judge(results: &Path, check: &CheckDecl) -> Judged {
         },
         measured: format!("{name} {} over {}", num(v), range(&values, unit)),
         run: Some(run.clone()),
+        values: values.iter().map(|v| v.value).collect(),
+        marker: Some(v),
     };
     let fold = |f: fn(f64, f64) -> f64, start: f64| values.iter().map(|v| v.value).fold(start, f);
     match stat {
@@ -522,6 +530,18 @@ pub fn judge(results: &Path, check: &CheckDecl) -> Judged {
         verdict,
         measured: range(&values, unit),
         run: Some(run),
+        marker: (!values.is_empty()).then(|| median(&values)),
+        values: values.iter().map(|v| v.value).collect(),
+    }
+}
+
+/// The number a check's rule states and the band that passes, in units of that number
+/// (`>= x`: (1, 1); `~ x` within t: (1 − t, 1 + t); `between x y`: (1, y / x)).
+pub fn claimed(check: &CheckDecl) -> (f64, (f64, f64)) {
+    match Rule::parse(&check.expect, check.tolerance).expect("validated when read") {
+        Rule::AtLeast(x) | Rule::AtMost(x) | Rule::Above(x) | Rule::Below(x) => (x, (1.0, 1.0)),
+        Rule::Near(x, t) => (x, (1.0 - t, 1.0 + t)),
+        Rule::Between(x, y) => (x, (1.0, y / x)),
     }
 }
 

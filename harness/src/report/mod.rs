@@ -1,11 +1,14 @@
 //! `harness paper`: paper/ regenerated from results/ and `experiments/claims.toml` alone —
 //! `claims.md` (a verdict per claim, judged by the declared rules, with the numbers, the
 //! machine and the runs), `findings.md` (declared ranges over all rows of a filter, and every
-//! committed run), `method.md` and `machines.md`. The output is a pure function of those
+//! committed run), `method.md`, `machines.md` and `claims.svg` (every tested check's measured
+//! values over the claim's number). The output is a pure function of those
 //! files (sorted listings, no clock), so `--check` can compare it with the committed paper/.
 
 /// Claim and finding declarations, and their evaluation against result CSVs.
 pub mod claims;
+/// `claims.svg`: measured over claimed, per check.
+pub mod figure;
 /// `method.md` and `machines.md`.
 pub mod pages;
 /// Any result CSV as text by column, and the grid point of a row.
@@ -28,7 +31,13 @@ pub struct PaperOptions {
 }
 
 /// The files `harness paper` owns in paper/ (others there are left alone).
-pub const OWNED: &[&str] = &["claims.md", "findings.md", "method.md", "machines.md"];
+pub const OWNED: &[&str] = &[
+    "claims.md",
+    "claims.svg",
+    "findings.md",
+    "method.md",
+    "machines.md",
+];
 
 /// Writes paper/, or with `check` exits 1 naming the files that differ.
 pub fn run(opts: &PaperOptions) -> Result<i32> {
@@ -73,6 +82,7 @@ pub fn generate(declarations: &Path, results: &Path) -> Result<BTreeMap<String, 
     let decl = claims::read(declarations)?;
     let mut files = BTreeMap::new();
     files.insert("claims.md".to_string(), claims_page(&decl, results));
+    files.insert("claims.svg".to_string(), claims_figure(&decl, results)?);
     files.insert("findings.md".to_string(), findings_page(&decl, results)?);
     files.insert("method.md".to_string(), pages::method(results)?);
     files.insert("machines.md".to_string(), pages::machines(results)?);
@@ -128,6 +138,7 @@ fn claims_page(decl: &claims::Declarations, results: &Path) -> String {
          `holds` when every value of the cited rows passes, `refuted` when none does, `depends` \
          (with where it holds) when some do, `untested` with what it would take.\n\n\
          Verdicts: {} holds, {} refuted, {} depends, {} untested.\n\n\
+         ![Each tested check's measured values over the claim's number](claims.svg)\n\n\
          | claim | verdict |\n|---|---|\n",
         count("holds"),
         count("refuted"),
@@ -184,6 +195,29 @@ fn claims_page(decl: &claims::Declarations, results: &Path) -> String {
         }
     }
     out
+}
+
+/// claims.svg: every tested check, measured over claimed (`figure`).
+fn claims_figure(decl: &claims::Declarations, results: &Path) -> Result<String> {
+    let mut checks = vec![];
+    for c in &decl.claim {
+        for k in &c.check {
+            let j = judge(results, k);
+            let (Some(marker), verdict) = (j.marker, j.verdict.word()) else {
+                continue;
+            };
+            let (number, band) = claims::claimed(k);
+            checks.push(figure::FigureCheck {
+                label: format!("{} · {}", c.id, k.what),
+                verdict,
+                number,
+                band,
+                values: j.values,
+                marker,
+            });
+        }
+    }
+    figure::claims_svg(&checks)
 }
 
 /// findings.md: the declared tables, then every run in results/.

@@ -324,3 +324,25 @@ fn grouped_expert_gemms_match_the_f64_reference() {
         }
     }
 }
+
+/// The planted bugs kernels/CUDA.md lists for this family, each switched on in a child
+/// process (`kernel_test_support::mutations`): in moe.cu the slot combine skipping a token's
+/// last-ranked assignment; in experts.cu the up projection's MMA fed the gate's B fragments,
+/// the barrier after the gate/up tiles are loaded removed, and the per-token row combine
+/// skipping a token's last assignment. Each must fail the emulated check it names (the tests
+/// passing unmutated are the other half).
+#[test]
+fn planted_bugs_fail_the_emulated_check() {
+    use kernel_test_support::mutations;
+    if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
+        return;
+    }
+    let routing = mutations::assert_each_caught(
+        "moe.cu",
+        "moe_route_capacity_dispatch_combine_match_the_cpu",
+    );
+    assert_eq!(routing.len(), 1);
+    let experts =
+        mutations::assert_each_caught("experts.cu", "grouped_expert_gemms_match_the_f64_reference");
+    assert_eq!(experts.len(), 3);
+}

@@ -265,98 +265,61 @@ mod x86 {
     }
 }
 
-impl CodedRows for Avx2 {
-    #[inline(always)]
-    fn dot_codes<const FP8: bool, const R: usize>(
-        self,
-        q: &[f32],
-        d: usize,
-        codes: &[u8],
-    ) -> [f32; R] {
-        check_dot(q.len(), codes.len(), R, d);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: lengths checked above; the token exists only when the AVX2 tier (AVX2, FMA,
-        // F16C) was detected.
-        return unsafe { x86::dot_codes::<FP8, R>(q.as_ptr(), d, codes.as_ptr()) };
-        #[cfg(not(target_arch = "x86_64"))]
-        Portable.dot_codes::<FP8, R>(q, d, codes)
-    }
+/// The AVX2 bodies for the `avx2` and `avx512` tiers' tokens (an AVX-512 CPU has AVX2, FMA
+/// and F16C; a token exists only when its tier was detected on this machine).
+macro_rules! x86_coded_rows {
+    ($($token:ty),*) => {$(
+        impl CodedRows for $token {
+            #[inline(always)]
+            fn dot_codes<const FP8: bool, const R: usize>(
+                self,
+                q: &[f32],
+                d: usize,
+                codes: &[u8],
+            ) -> [f32; R] {
+                check_dot(q.len(), codes.len(), R, d);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: lengths checked above; the token proves its tier (AVX2, FMA and F16C
+                // at least) was detected.
+                return unsafe { x86::dot_codes::<FP8, R>(q.as_ptr(), d, codes.as_ptr()) };
+                #[cfg(not(target_arch = "x86_64"))]
+                Portable.dot_codes::<FP8, R>(q, d, codes)
+            }
 
-    #[inline(always)]
-    fn accumulate_codes<const FP8: bool, const R: usize>(
-        self,
-        o: &mut [f32],
-        d: usize,
-        p: &[f32],
-        p_stride: usize,
-        scale: f32,
-        codes: &[u8],
-        n: usize,
-    ) {
-        check_acc(o.len(), p.len(), codes.len(), R, d, p_stride, n);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: lengths checked above; the token proves the AVX2 tier was detected.
-        return unsafe {
-            x86::accumulate_codes::<FP8, R>(
-                o.as_mut_ptr(),
-                d,
-                p.as_ptr(),
-                p_stride,
-                scale,
-                codes.as_ptr(),
-                n,
-            )
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        Portable.accumulate_codes::<FP8, R>(o, d, p, p_stride, scale, codes, n)
-    }
+            #[inline(always)]
+            fn accumulate_codes<const FP8: bool, const R: usize>(
+                self,
+                o: &mut [f32],
+                d: usize,
+                p: &[f32],
+                p_stride: usize,
+                scale: f32,
+                codes: &[u8],
+                n: usize,
+            ) {
+                check_acc(o.len(), p.len(), codes.len(), R, d, p_stride, n);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: lengths checked above; the token proves its tier (AVX2, FMA and F16C
+                // at least) was detected.
+                return unsafe {
+                    x86::accumulate_codes::<FP8, R>(
+                        o.as_mut_ptr(),
+                        d,
+                        p.as_ptr(),
+                        p_stride,
+                        scale,
+                        codes.as_ptr(),
+                        n,
+                    )
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                Portable.accumulate_codes::<FP8, R>(o, d, p, p_stride, scale, codes, n)
+            }
+        }
+    )*};
 }
 
-impl CodedRows for Avx512 {
-    #[inline(always)]
-    fn dot_codes<const FP8: bool, const R: usize>(
-        self,
-        q: &[f32],
-        d: usize,
-        codes: &[u8],
-    ) -> [f32; R] {
-        check_dot(q.len(), codes.len(), R, d);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: lengths checked above; the avx512 tier includes AVX2, FMA and F16C.
-        return unsafe { x86::dot_codes::<FP8, R>(q.as_ptr(), d, codes.as_ptr()) };
-        #[cfg(not(target_arch = "x86_64"))]
-        Portable.dot_codes::<FP8, R>(q, d, codes)
-    }
-
-    #[inline(always)]
-    fn accumulate_codes<const FP8: bool, const R: usize>(
-        self,
-        o: &mut [f32],
-        d: usize,
-        p: &[f32],
-        p_stride: usize,
-        scale: f32,
-        codes: &[u8],
-        n: usize,
-    ) {
-        check_acc(o.len(), p.len(), codes.len(), R, d, p_stride, n);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: lengths checked above; the avx512 tier includes AVX2, FMA and F16C.
-        return unsafe {
-            x86::accumulate_codes::<FP8, R>(
-                o.as_mut_ptr(),
-                d,
-                p.as_ptr(),
-                p_stride,
-                scale,
-                codes.as_ptr(),
-                n,
-            )
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        Portable.accumulate_codes::<FP8, R>(o, d, p, p_stride, scale, codes, n)
-    }
-}
+x86_coded_rows!(Avx2, Avx512);
 
 #[cfg(test)]
 mod tests {

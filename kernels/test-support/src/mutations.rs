@@ -83,6 +83,34 @@ pub const MUTATIONS: &[Mutation] = &[
         find: "float* part_o, float* part_lse, int batch, int hq, int hkv, int q_len, int bs,",
         replace: "float* part_o, float* part_lse, int batch, int hkv, int hq, int q_len, int bs,",
     },
+    Mutation {
+        name: "moe-up-fed-gate-fragments",
+        file: "experts.cu",
+        what: "cuda_grouped's up-projection MMA fed the gate's B fragments",
+        find: "mma16816<T>(au[mt][nt], a[mt], bu[nt]);",
+        replace: "mma16816<T>(au[mt][nt], a[mt], bg[nt]);",
+    },
+    Mutation {
+        name: "moe-up-barrier-after-load",
+        file: "experts.cu",
+        what: "cuda_grouped's barrier after the gate/up tiles are loaded removed",
+        find: "            load_chunk(us + r * XLD + col, n < ff ? wue + (size_t)n * dm : nullptr, k0 + col, dm);\n        }\n        __syncthreads();\n",
+        replace: "            load_chunk(us + r * XLD + col, n < ff ? wue + (size_t)n * dm : nullptr, k0 + col, dm);\n        }\n",
+    },
+    Mutation {
+        name: "moe-combine-rows-skips-last",
+        file: "experts.cu",
+        what: "cuda_grouped's per-token combine skips a token's last assignment",
+        find: "for (int i = first; i < last; ++i) acc",
+        replace: "for (int i = first; i < last - 1; ++i) acc",
+    },
+    Mutation {
+        name: "moe-combine-skips-last-rank",
+        file: "moe.cu",
+        what: "the slot combine skips a token's last-ranked assignment",
+        find: "for (int r = 0; r < k; ++r) {\n            const int a = t * k + r;",
+        replace: "for (int r = 0; r < k - 1; ++r) {\n            const int a = t * k + r;",
+    },
 ];
 
 /// Whether this process runs with a mutation planted (a child of `assert_each_caught`).

@@ -43,6 +43,27 @@ impl KvPools {
         })
     }
 
+    /// Bytes `new(model, num_blocks, block_size)` would hold, computed without allocating (for
+    /// the harness's memory guard): every layer's K and V of every slot in the model's format,
+    /// the widest of a progressive cache's two (its arenas grow as blocks age). Saturates.
+    pub fn planned_bytes(model: &Llama, num_blocks: usize, block_size: usize) -> u64 {
+        let c = &model.cfg;
+        let per = |f| {
+            KvCacheFormat::Uniform(f).bytes_per_token(1, c.kv_heads, c.head_dim, block_size.max(1))
+        };
+        let widest = match model.kv_cache() {
+            KvCacheFormat::Uniform(f) => per(f),
+            KvCacheFormat::Progressive { recent, old, .. } => per(recent).max(per(old)),
+        };
+        let tokens = num_blocks as f64 * block_size as f64;
+        let bytes = (c.layers as f64 * widest * tokens).ceil();
+        if bytes >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            bytes as u64
+        }
+    }
+
     /// Bytes of K and V per token over all layers, for a sequence of `tokens` (a progressive
     /// cache holds its older blocks narrower).
     pub fn bytes_per_token(&self, tokens: usize) -> f64 {

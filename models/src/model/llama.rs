@@ -291,7 +291,17 @@ impl Llama {
 
     /// Bytes of all weights (what one decode step must read at least once).
     pub fn weight_bytes(&self) -> usize {
-        let m = |q: &Prepared| q.byte_len();
+        self.weight_bytes_by(Prepared::byte_len)
+    }
+
+    /// Bytes the same weights take in f32 (what a reference model or a `self:FORMAT` drafter
+    /// decoded from them holds, for the harness's memory guard).
+    pub fn f32_weight_bytes(&self) -> usize {
+        self.weight_bytes_by(|q| 4 * q.rows() * q.cols())
+    }
+
+    /// The weights' bytes with each matrix counted by `m`; norms and the router in f32.
+    fn weight_bytes_by(&self, m: impl Fn(&Prepared) -> usize) -> usize {
         let mut total = self.head.as_ref().map_or(0, m) + 4 * self.out_norm.len();
         if self.head.is_none() {
             total += m(&self.embed);

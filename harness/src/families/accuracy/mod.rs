@@ -180,6 +180,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             "model {model_name}: it has no tokenizer (a preset); accuracy needs a real model and text"
         ))
     })?;
+    let f32_bytes = loaded.model.f32_weight_bytes() as u64;
     drop(loaded.model);
     let text = Text::resolve(&text_name, opts.experiments_dir.parent())?;
     let tokens = tokenizer.encode(&text.content)?;
@@ -238,6 +239,20 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         )));
     }
 
+    // The memory guard: the run holds the f32 model and the f32 references' log-probabilities
+    // (kept for every point) while a model under test is loaded; over the budget, every point
+    // is skipped with the note.
+    let uses_long = has("formats") || has("plan");
+    let uses_short = has("layers") || has("projections") || has("plan");
+    let over = run_over_budget(
+        &cfg,
+        f32_bytes,
+        [
+            (uses_long, n_windows, ctx),
+            (uses_short, sens_windows, sens_ctx),
+        ],
+        &opts.mem_budget,
+    );
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     run.prov.inputs.insert(
         format!("text {}", text.name),
@@ -294,13 +309,14 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 ctx,
                 windows: n_windows,
             };
-            let row = match unfit(f, &cfg) {
-                Some(why) => {
+            let row = match (unfit(f, &cfg), &over) {
+                (Some(why), _) => {
                     let mut r = rc.empty(s, "unsupported");
                     r.note = why;
                     r
                 }
-                None => point_row(&mut bench, &rc, s, &Formats::uniform(f), &bar)?,
+                (None, Some(note)) => rc.skipped(s, note),
+                (None, None) => point_row(&mut bench, &rc, s, &Formats::uniform(f), &bar)?,
             };
             run.write_point(&k, &[row])?;
             bar.inc(1);
@@ -326,12 +342,21 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             };
             let mut rows = vec![];
             for (target, formats) in targets {
+                if let Some(note) = &over {
+                    rows.push(rc.skipped(scan_subject(study, name, target, f, &bench), note));
+                    bar.inc(1);
+                    continue;
+                }
                 bar.set_message(format!("{study}: {target} in {name}"));
                 let m = bench.load(&formats)?;
                 let measured = bench.measure(&m, Windows::Short, &bar)?;
                 let s = scan_subject(study, name, target, f, &bench);
                 rows.push(rc.measured(s, &measured, None));
                 bar.inc(1);
+            }
+            if over.is_some() {
+                run.write_point(&k, &rows)?;
+                continue;
             }
             rank_rows(&mut rows);
             if study == "layers" && f == low {
@@ -343,7 +368,20 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     if has("plan") {
         let label = format!("{plan_low}+{plan_high}");
         let k = key("plan", "formats", &label);
-        if run.owns(&k) {
+        if let (true, Some(note)) = (run.owns(&k), &over) {
+            let mut skipped = vec![];
+            for (name, f) in [(&plan_low, low), (&plan_high, high)] {
+                let s = plan_subject(name, "none (uniform)".into(), rows::scheme(f), ctx, n_windows);
+                skipped.push(rc.skipped(s, note));
+            }
+            for &t in &tops {
+                let name = format!("{plan_low} + top {t} in {plan_high}");
+                let s = plan_subject(&name, String::new(), "mixed".into(), ctx, n_windows);
+                skipped.push(rc.skipped(s, note));
+            }
+            bar.inc(skipped.len() as u64);
+            run.write_point(&k, &skipped)?;
+        } else if run.owns(&k) {
             // The ranking: this run's layer scan in the low format, or one made now.
             let kls = match low_kls.take() {
                 Some(kls) => kls,
@@ -422,6 +460,37 @@ fn plan_subject(
         ctx,
         windows,
     }
+}
+
+/// The memory guard's note when the run would hold more than `budget`: the f32 model and one
+/// model under test (at most f32's bytes), the f32 references' log-probabilities over each
+/// window kind the studies use (`(used, windows, ctx)`), a window's K/V in f32 and its logits.
+fn run_over_budget(
+    cfg: &LlamaConfig,
+    f32_bytes: u64,
+    refs: [(bool, usize, usize); 2],
+    budget: &crate::mem_guard::MemBudget,
+) -> Option<String> {
+    use crate::mem_guard::{human, product};
+    let kept: u64 = refs
+        .iter()
+        .filter(|r| r.0)
+        .map(|&(_, n, ctx)| product(&[n, ctx, cfg.vocab, 4]))
+        .fold(0, u64::saturating_add);
+    let ctx = refs.iter().map(|r| r.2).max().unwrap_or(0);
+    let window = product(&[cfg.layers, ctx, cfg.kv_heads, cfg.head_dim, 2, 4])
+        .saturating_add(product(&[ctx, cfg.vocab, 8]));
+    let need = f32_bytes
+        .saturating_mul(2)
+        .saturating_add(kept)
+        .saturating_add(window);
+    let what = format!(
+        "the f32 model and one under test {} each, the references' log-probabilities {}, a window's K/V and logits {}",
+        human(f32_bytes),
+        human(kept),
+        human(window)
+    );
+    budget.refuse(need, &what)
 }
 
 /// One model load over the long windows, with its decode speed against f32's.

@@ -94,6 +94,13 @@ impl RowCtx<'_> {
         row
     }
 
+    /// A row the memory guard skipped, its note saying why.
+    pub fn skipped(&self, s: Subject, note: &str) -> AccuracyRow {
+        let mut r = self.empty(s, "skipped");
+        r.note = note.into();
+        r
+    }
+
     /// A row with no measurement (status unsupported, and why in the note).
     pub fn empty(&self, s: Subject, status: &str) -> AccuracyRow {
         Row {

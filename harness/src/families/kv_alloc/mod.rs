@@ -64,7 +64,7 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
 ];
 
 /// One allocator × block size × sharing × system prompt. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct KvAllocCols {
     /// contiguous | paged | paged+sharing
     pub allocator: String,
@@ -151,6 +151,48 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         if !keys.any(|(n, bs)| run.owns(&key(n, bs))) {
             continue;
         }
+        // The memory guard: the drawn prompts, the simulation's copy of each growing to
+        // max_new more tokens, and the allocators' per-slot and per-block tables.
+        let need = workload_bytes(requests, system + max_prompt, max_new, budget);
+        if let Some(note) = opts.mem_budget.refuse(
+            need,
+            &format!("{requests} requests of up to {} tokens", system + max_prompt + max_new),
+        ) {
+            for name in names {
+                for &bs in &block_sizes {
+                    if !run.owns(&key(name, bs)) {
+                        continue;
+                    }
+                    let row = Row {
+                        head: Head {
+                            status: "skipped".into(),
+                            ..Head::new(
+                                &run.run_id,
+                                &spec.name,
+                                name,
+                                &opts.device.to_string(),
+                                opts.seed,
+                            )
+                        },
+                        cols: KvAllocCols {
+                            allocator: name.clone(),
+                            block_size: bs,
+                            system_prompt: system,
+                            budget_tokens: budget,
+                            max_new,
+                            requests,
+                            prompt_mean,
+                            output_mean,
+                            ..KvAllocCols::default()
+                        },
+                        note: note.clone(),
+                    };
+                    run.write_point(&key(name, bs), [&row])?;
+                    bar.inc(1);
+                }
+            }
+            continue;
+        }
         let w = Workload {
             requests,
             prompt_mean,
@@ -223,6 +265,17 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, 0, render)
+}
+
+/// What one system-prompt setting's simulations hold at most: each request's drawn prompt
+/// (u32 tokens) twice — the workload's and the simulation's copy, which grows by up to
+/// `max_new` tokens — plus the allocators' tables, a few words per token slot.
+fn workload_bytes(requests: usize, max_prompt: usize, max_new: usize, slots: usize) -> u64 {
+    use crate::mem_guard::product;
+    let per_request = product(&[max_prompt.saturating_mul(2).saturating_add(max_new), 4]) + 96;
+    per_request
+        .saturating_mul(requests as u64)
+        .saturating_add(product(&[slots, 32]))
 }
 
 /// This family's `RenderFn`.

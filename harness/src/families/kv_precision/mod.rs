@@ -77,10 +77,7 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
 
 /// `CTXxN` → (ctx, N).
 fn parse_window(text: &str) -> Result<(usize, usize)> {
-    text.split_once('x')
-        .and_then(|(c, n)| Some((c.parse().ok()?, n.parse().ok()?)))
-        .filter(|&(c, n): &(usize, usize)| c > 0 && n > 0)
-        .ok_or_else(|| {
+    crate::run_files::pair_of_counts(text).ok_or_else(|| {
             HarnessError::Usage(format!(
                 "window '{text}' is not CTXxN (e.g. 512x8: 8 windows of 512 tokens)"
             ))
@@ -205,6 +202,21 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     if !run.owns(&key) {
                         continue;
                     }
+                    let (need, what) = quality_need(&m.model, ctx, chunk);
+                    if let Some(note) = opts.mem_budget.refuse(need, &what) {
+                        let cols = KvPrecisionCols {
+                            part: "quality".into(),
+                            model: m.name.clone(),
+                            text: text.name.clone(),
+                            text_sha256: text.sha256.clone(),
+                            ctx: Some(ctx),
+                            windows: Some(n),
+                            prefill_chunk: Some(chunk),
+                            ..KvPrecisionCols::default()
+                        };
+                        run.write_point(&key, &skipped(&formats, cols, &head, &note, &bar))?;
+                        continue;
+                    }
                     let point = quality::QualityPoint {
                         model_name: &m.name,
                         model_id: m.name.clone(),
@@ -236,6 +248,23 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 if !run.owns(&key) {
                     continue;
                 }
+                let (need, what) = decode_need(shape, bs);
+                if let Some(note) = opts.mem_budget.refuse(need, &what) {
+                    let cols = KvPrecisionCols {
+                        part: "decode".into(),
+                        shape: shape.label(),
+                        batch: Some(shape.batch),
+                        q_heads: Some(shape.q_heads),
+                        kv_heads: Some(shape.kv_heads),
+                        head_dim: Some(shape.head_dim),
+                        context: Some(shape.context),
+                        block_size: Some(bs),
+                        isa: isa.name().into(),
+                        ..KvPrecisionCols::default()
+                    };
+                    run.write_point(&key, &skipped(&formats, cols, &head, &note, &bar))?;
+                    continue;
+                }
                 let point = kernel::DecodePoint {
                     shape,
                     block_size: bs,
@@ -255,6 +284,74 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, render)
+}
+
+/// What a quality point holds at its peak, for the memory guard: the model's weights; its f32
+/// K/V of one window, about four times over (the session, and the storage check's gathered
+/// f32 and exact f64 copies of every layer); the f32 cache's kept log-probabilities of the
+/// window; a prefill chunk's logits twice.
+fn quality_need(model: &Llama, ctx: usize, chunk: usize) -> (u64, String) {
+    use crate::mem_guard::{human, product};
+    let c = &model.cfg;
+    let weights = model.weight_bytes() as u64;
+    let kv = product(&[c.layers, ctx, c.kv_heads, c.head_dim, 2, 4]);
+    let kept = product(&[ctx, c.vocab, 4]);
+    let logits = product(&[chunk.min(ctx), c.vocab, 8]);
+    let need = weights
+        .saturating_add(kv.saturating_mul(4))
+        .saturating_add(kept)
+        .saturating_add(logits);
+    let what = format!(
+        "weights {}, a {ctx}-token window's K/V {} about four times, its log-probabilities {}",
+        human(weights),
+        human(kv),
+        human(kept)
+    );
+    (need, what)
+}
+
+/// What a decode point holds at its peak: the seeded f32 K/V of every sequence and a cache of
+/// it (one format at a time, none wider than f32), one sequence's gathered f32 and exact f64
+/// copies for the storage check, the block tables.
+fn decode_need(s: kernel::DecodeShape, block_size: usize) -> (u64, String) {
+    use crate::mem_guard::{human, product};
+    let values = product(&[s.batch, s.context, s.kv_heads, s.head_dim, 2, 4]);
+    let check = product(&[s.context, s.kv_heads, s.head_dim, 2, 12]);
+    let tables = product(&[s.batch, s.context.div_ceil(block_size.max(1)), 8]);
+    let need = values
+        .saturating_mul(2)
+        .saturating_add(check)
+        .saturating_add(tables);
+    let what = format!("the f32 K/V {} and a cache of it", human(values));
+    (need, what)
+}
+
+/// The rows of a point the memory guard skipped: one per format, with the point's columns.
+fn skipped(
+    formats: &[KvCacheFormat],
+    cols: KvPrecisionCols,
+    head: &dyn Fn(&str) -> Head,
+    note: &str,
+    bar: &indicatif::ProgressBar,
+) -> Vec<KvPrecisionRow> {
+    let rows = formats
+        .iter()
+        .map(|f| {
+            let mut h = head(&f.to_string());
+            h.status = "skipped".into();
+            KvPrecisionRow {
+                head: h,
+                cols: KvPrecisionCols {
+                    kv_cache: f.to_string(),
+                    scheme: quality::scheme(f).into(),
+                    ..cols.clone()
+                },
+                note: note.into(),
+            }
+        })
+        .collect();
+    bar.inc(formats.len() as u64);
+    rows
 }
 
 /// Loads `name` and tokenises every text of the grid, checking each window setting fits the

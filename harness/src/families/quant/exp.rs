@@ -41,10 +41,7 @@ fn usage(e: impl std::fmt::Display) -> HarnessError {
 }
 
 fn parse_shape(text: &str) -> Result<(usize, usize)> {
-    text.split_once('x')
-        .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
-        .filter(|&(r, c): &(usize, usize)| r > 0 && c > 0)
-        .ok_or_else(|| {
+    crate::run_files::pair_of_counts(text).ok_or_else(|| {
             HarnessError::Usage(format!(
                 "shape '{text}' is not ROWSxCOLS with both > 0 (e.g. 4096x11008)"
             ))

@@ -67,7 +67,7 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
 ];
 
 /// One model × mode × load. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ServingCols {
     pub model: String,
     pub mode: String,
@@ -187,18 +187,23 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         block_size,
         prefix_sharing: false,
     };
-    // Every model loads and accepts the workload before results/ is touched.
+    // Every model loads and accepts the workload before results/ is touched; a model whose
+    // engine would hold more than the memory budget keeps its note instead (its points are
+    // skipped), and no engine of it is built.
     let mut loaded = vec![];
     for name in &model_names {
         let model = load(&crate::model_source::resolve_model(name)?, &opts_load)?.model;
         let w = workload(0.0, model.cfg.vocab);
         w.validate().map_err(HarnessError::Usage)?;
-        Engine::new(&model, cfg(modes[0].1))?.submit(w.requests())?;
-        loaded.push((name, model));
+        let over = engine_over_budget(&model, &w, cfg(modes[0].1), &opts.mem_budget);
+        if over.is_none() {
+            Engine::new(&model, cfg(modes[0].1))?.submit(w.requests())?;
+        }
+        loaded.push((name, model, over));
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bar = run.progress_bar(model_names.len() * (1 + modes.len() * loads.len()));
-    for (name, model) in &loaded {
+    for (name, model, over) in &loaded {
         let key = |load: f64, mode: &str| {
             PointKey::of(&[("model", name), ("load", &load), ("mode", &mode)])
         };
@@ -206,6 +211,41 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             .iter()
             .flat_map(|&load| modes.iter().map(move |(mode, _)| (load, mode)));
         if !keys.any(|(load, mode)| run.owns(&key(load, mode))) {
+            continue;
+        }
+        if let Some(note) = over {
+            bar.inc(1);
+            for &load in &loads {
+                for (label, _) in &modes {
+                    if !run.owns(&key(load, label)) {
+                        continue;
+                    }
+                    let row = Row {
+                        head: Head {
+                            status: "skipped".into(),
+                            ..Head::new(
+                                &run.run_id,
+                                &spec.name,
+                                "engine",
+                                &opts.device.to_string(),
+                                opts.seed,
+                            )
+                        },
+                        cols: ServingCols {
+                            model: name.to_string(),
+                            mode: label.clone(),
+                            load,
+                            requests,
+                            max_batch,
+                            token_budget,
+                            ..ServingCols::default()
+                        },
+                        note: note.clone(),
+                    };
+                    run.write_point(&key(load, label), [&row])?;
+                    bar.inc(1);
+                }
+            }
             continue;
         }
         let serve = |mode, rate: f64| -> Result<(Engine, f64)> {
@@ -281,6 +321,36 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, 0, render)
+}
+
+/// The memory guard's note when an engine over `model` would hold more than `budget`: the
+/// weights (loaded), the paged K/V pool in the model's cache format, the requests' tokens
+/// (prompt and output), and a step's activations and logits for up to `token_budget` tokens.
+fn engine_over_budget(
+    model: &models::Llama,
+    w: &Workload,
+    cfg: SchedulerConfig,
+    budget: &crate::mem_guard::MemBudget,
+) -> Option<String> {
+    use crate::mem_guard::{human, product};
+    let weights = model.weight_bytes() as u64;
+    let pool = models::KvPools::planned_bytes(model, cfg.num_blocks, cfg.block_size);
+    let c = &model.cfg;
+    let tokens = cfg.token_budget.max(cfg.max_batch);
+    let step = product(&[tokens, c.vocab + 2 * c.d_ff + 8 * c.d_model, 4]);
+    let requests = product(&[w.requests, w.max_prompt.saturating_add(w.max_new), 8]);
+    let need = weights
+        .saturating_add(pool)
+        .saturating_add(step)
+        .saturating_add(requests);
+    let what = format!(
+        "weights {}, K/V pool of {} blocks {}, a step's logits and activations {}",
+        human(weights),
+        cfg.num_blocks,
+        human(pool),
+        human(step)
+    );
+    budget.refuse(need, &what)
 }
 
 /// This family's `RenderFn`.

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// One drafter × tree × temperature × prompt. Column names are stable.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SpecCols {
     pub model: String,
     pub drafter: String,
@@ -58,6 +58,69 @@ pub struct SpecCols {
 
 /// A row: the shared head, these columns, the note.
 pub type SpecRow = Row<SpecCols>;
+
+/// The columns a row takes from its model, drafter and tree shape.
+fn shape_cols(model: &str, drafter: &str, shape: &TreeShape) -> SpecCols {
+    SpecCols {
+        model: model.into(),
+        drafter: drafter.into(),
+        tree: shape.label(),
+        shape_kind: shape.label().split(':').next().unwrap_or("").into(),
+        depth: shape.max_depth(),
+        max_nodes: shape.max_nodes(),
+        ..SpecCols::default()
+    }
+}
+
+/// The K/V pool of a session of `capacity` tokens over `m` (blocks of 16, as the driver's).
+fn planned_kv(m: &models::Llama, capacity: usize) -> u64 {
+    models::KvPools::planned_bytes(m, capacity.div_ceil(16), 16)
+}
+
+/// What drafter `spec` of `target` (loaded from `path`) holds, estimated before it is built:
+/// n-gram lookup a table of the tokens it has seen; `self:FORMAT` the target's weights in
+/// that format; `self-layers:N` all of the target's (they load before it keeps N); a preset
+/// its parameters in f32; a checkpoint path its files' bytes, twice (16-bit safetensors widen
+/// to f32); and every model drafter a K/V session of `capacity` tokens.
+fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize) -> u64 {
+    if spec == "ngram" || spec.starts_with("ngram:") {
+        return crate::mem_guard::product(&[capacity, 64]);
+    }
+    let kv = planned_kv(target, capacity);
+    let weights = if let Some(fmt) = spec.strip_prefix("self:") {
+        let f32_bytes = target.f32_weight_bytes() as f64;
+        quant_kernels::WeightFormat::parse(fmt).map_or(f32_bytes, |f| {
+            f32_bytes * f.bits_per_weight() / 32.0
+        }) as u64
+    } else if spec.starts_with("self-layers:") {
+        target.weight_bytes() as u64
+    } else if spec == path {
+        target.weight_bytes() as u64
+    } else if let Some(shape) = models::preset(spec) {
+        shape.params().saturating_mul(4)
+    } else {
+        2 * path_bytes(std::path::Path::new(spec))
+    };
+    weights.saturating_add(kv)
+}
+
+/// A file's bytes, or a directory's files' (a checkpoint); 0 for a name that is not a path.
+fn path_bytes(p: &std::path::Path) -> u64 {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(m) if m.is_dir() => std::fs::read_dir(p)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
 
 /// Prompts of different kinds.
 fn prompt_text(kind: &str) -> Result<&'static str> {
@@ -125,9 +188,24 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             target.cfg.context
         )));
     }
+    // The memory guard: every drafter is held for the whole run, so each is counted on top
+    // of the target and the ones before it; a drafter that would go over the budget is not
+    // built, and its points are skipped with the note.
+    let mut held = target.weight_bytes() as u64 + planned_kv(target, capacity);
     let mut drafters_at = vec![];
     for d in &drafters {
         for &temp in &temps {
+            let need = drafter_bytes(target, &path, d, capacity);
+            let what = format!(
+                "the target and its K/V {}, drafters before it, drafter {d} {}",
+                crate::mem_guard::human(target.weight_bytes() as u64 + planned_kv(target, capacity)),
+                crate::mem_guard::human(need)
+            );
+            if let Some(note) = opts.mem_budget.refuse(held.saturating_add(need), &what) {
+                drafters_at.push((d, temp, Err(note)));
+                continue;
+            }
+            held = held.saturating_add(need);
             // `harness generate`'s defaults: flash2 attention, the file's weights, the
             // fused product, dropless MoE; sampled at this temperature (top-k/top-p off).
             let load = LoadOptions {
@@ -143,7 +221,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 top_p: 1.0,
                 seed: opts.seed,
             };
-            drafters_at.push((d, temp, drafter(&path, load, sampler, target, d, capacity)?));
+            drafters_at.push((
+                d,
+                temp,
+                Ok(drafter(&path, load, sampler, target, d, capacity)?),
+            ));
         }
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
@@ -164,6 +246,38 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 continue;
             }
             let mut rows = vec![];
+            let drafter = match drafter {
+                Ok(drafter) => drafter,
+                Err(note) => {
+                    for (shape, &adapt) in trees
+                        .iter()
+                        .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
+                    {
+                        rows.push(Row {
+                            head: Head {
+                                status: "skipped".into(),
+                                ..Head::new(
+                                    &run.run_id,
+                                    &spec.name,
+                                    "driver",
+                                    &opts.device.to_string(),
+                                    opts.seed,
+                                )
+                            },
+                            cols: SpecCols {
+                                adaptive: adapt,
+                                temperature: temp,
+                                prompt: p.to_string(),
+                                ..shape_cols(&model_name, d, shape)
+                            },
+                            note: note.clone(),
+                        });
+                        bar.inc(1);
+                    }
+                    run.write_point(&key, &rows)?;
+                    continue;
+                }
+            };
             bar.set_message(format!("{d} T={temp} {p}: plain"));
             let t0 = Instant::now();
             let plain = generate_plain(target, ids, max_new, None, sampler)?;
@@ -197,12 +311,6 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         )
                     },
                     cols: SpecCols {
-                        model: model_name.clone(),
-                        drafter: d.clone(),
-                        tree: shape.label(),
-                        shape_kind: shape.label().split(':').next().unwrap_or("").into(),
-                        depth: shape.max_depth(),
-                        max_nodes: shape.max_nodes(),
                         adaptive: adapt,
                         mean_depth_limit: st.depths.iter().sum::<usize>() as f64
                             / st.depths.len().max(1) as f64,
@@ -219,6 +327,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         draft_ms: st.draft_s * 1e3,
                         verify_ms: st.verify_s * 1e3,
                         draft_share: st.draft_s / (st.draft_s + st.verify_s).max(1e-12),
+                        ..shape_cols(&model_name, d, shape)
                     },
                     note: String::new(),
                 });
