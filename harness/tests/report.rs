@@ -177,7 +177,13 @@ fn the_paper_is_the_same_twice_and_check_finds_a_stale_file() {
         let o = paper(&results, out, false);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     }
-    for name in ["claims.md", "findings.md", "method.md", "machines.md"] {
+    for name in [
+        "claims.md",
+        "claims.svg",
+        "findings.md",
+        "method.md",
+        "machines.md",
+    ] {
         let a = fs::read_to_string(one.join(name)).unwrap();
         assert_eq!(a, fs::read_to_string(two.join(name)).unwrap(), "{name}");
         assert!(!a.is_empty());
@@ -186,10 +192,15 @@ fn the_paper_is_the_same_twice_and_check_finds_a_stale_file() {
     for n in 1..=27 {
         assert!(claims.contains(&format!("| [C{n}](#c{n})")), "C{n} missing");
     }
+    // The committed results the paper cites come from clean commits (the guide's rule); a
+    // dirty one is marked (planted in a copy below).
     assert!(
-        claims.contains("**dirty tree**"),
-        "a cited dirty run is marked"
+        !claims.contains("**dirty tree**"),
+        "a cited run of results/ records git_dirty: true"
     );
+    assert!(fs::read_to_string(one.join("claims.svg"))
+        .unwrap()
+        .contains("Measured ÷ claimed"));
     assert_eq!(paper(&results, &one, true).status.code(), Some(0));
     fs::write(one.join("findings.md"), "edited by hand\n").unwrap();
     let o = paper(&results, &one, true);
@@ -247,8 +258,23 @@ fn a_planted_change_in_a_cited_csv_flips_its_verdict() {
         claim_row(&out, "C3")
     );
 
-    // An unfinished run is not evidence.
+    // A run made from a dirty tree is marked where it is cited.
     let json_path = results.join(format!("kv_calc/{run}.json"));
+    let json = fs::read_to_string(&json_path).unwrap();
+    assert!(json.contains("\"git_dirty\": false"), "{json}");
+    fs::write(
+        &json_path,
+        json.replace("\"git_dirty\": false", "\"git_dirty\": true"),
+    )
+    .unwrap();
+    assert_eq!(paper(&results, &out, false).status.code(), Some(0));
+    let claims = fs::read_to_string(out.join("claims.md")).unwrap();
+    assert!(
+        claims.contains(&format!("kv_calc/{run}.md)) — **dirty tree**")),
+        "{claims}"
+    );
+
+    // An unfinished run is not evidence.
     let json = fs::read_to_string(&json_path).unwrap();
     fs::write(&json_path, json.replace("\"finished\"", "\"running\"")).unwrap();
     assert_eq!(paper(&results, &out, false).status.code(), Some(0));

@@ -51,7 +51,7 @@ fn colour(verdict: &str) -> RGBColor {
 }
 
 /// Labels longer than this are cut with an ellipsis.
-const LABEL_CHARS: usize = 70;
+const LABEL_CHARS: usize = 72;
 
 fn short(label: &str) -> String {
     if label.chars().count() <= LABEL_CHARS {
@@ -67,7 +67,7 @@ pub fn claims_svg(checks: &[FigureCheck]) -> Result<String> {
     let drawn: Vec<&FigureCheck> = checks.iter().filter(|c| c.drawable()).collect();
     let left_out = checks.len() - drawn.len();
     let row_px = 24u32;
-    let (width, height) = (1200u32, 110 + row_px * drawn.len().max(1) as u32);
+    let (width, height) = (1300u32, 120 + row_px * drawn.len().max(1) as u32);
     let ratio = |c: &FigureCheck, v: f64| v / c.number;
     let (mut lo, mut hi) = (0.5f64, 2.0f64);
     for c in &drawn {
@@ -99,10 +99,10 @@ pub fn claims_svg(checks: &[FigureCheck]) -> Result<String> {
             }
         );
         let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 18))
+            .caption(caption, ("sans-serif", 22))
             .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(500)
+            .x_label_area_size(48)
+            .y_label_area_size(580)
             .build_cartesian_2d(
                 (lo..hi).log_scale().with_key_points(ticks.clone()),
                 0.0..drawn.len().max(1) as f64,
@@ -112,6 +112,8 @@ pub fn claims_svg(checks: &[FigureCheck]) -> Result<String> {
             .configure_mesh()
             .disable_y_mesh()
             .y_labels(0)
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 16))
             .x_labels(ticks.len().max(2))
             .x_label_formatter(&|x| {
                 if *x >= 1.0 {
@@ -152,7 +154,7 @@ pub fn claims_svg(checks: &[FigureCheck]) -> Result<String> {
                 .draw_series([Circle::new((ratio(c, c.marker), y), 5, col.filled())])
                 .map_err(plot_err)?;
             let (px, py) = chart.backend_coord(&(lo, y));
-            let style = ("sans-serif", 13)
+            let style = ("sans-serif", 15)
                 .into_font()
                 .color(&BLACK)
                 .pos(Pos::new(HPos::Right, VPos::Center));
@@ -175,7 +177,7 @@ pub fn claims_svg(checks: &[FigureCheck]) -> Result<String> {
             root.draw(&Text::new(
                 word,
                 (x + 10, y),
-                ("sans-serif", 13)
+                ("sans-serif", 15)
                     .into_font()
                     .color(&BLACK)
                     .pos(Pos::new(HPos::Left, VPos::Center)),

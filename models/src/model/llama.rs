@@ -302,7 +302,7 @@ impl Llama {
 
     /// The weights' bytes with each matrix counted by `m`; norms and the router in f32.
     fn weight_bytes_by(&self, m: impl Fn(&Prepared) -> usize) -> usize {
-        let mut total = self.head.as_ref().map_or(0, m) + 4 * self.out_norm.len();
+        let mut total = self.head.as_ref().map_or(0, &m) + 4 * self.out_norm.len();
         if self.head.is_none() {
             total += m(&self.embed);
         }

@@ -371,7 +371,13 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         if let (true, Some(note)) = (run.owns(&k), &over) {
             let mut skipped = vec![];
             for (name, f) in [(&plan_low, low), (&plan_high, high)] {
-                let s = plan_subject(name, "none (uniform)".into(), rows::scheme(f), ctx, n_windows);
+                let s = plan_subject(
+                    name,
+                    "none (uniform)".into(),
+                    rows::scheme(f),
+                    ctx,
+                    n_windows,
+                );
                 skipped.push(rc.skipped(s, note));
             }
             for &t in &tops {

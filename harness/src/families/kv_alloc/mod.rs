@@ -156,7 +156,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         let need = workload_bytes(requests, system + max_prompt, max_new, budget);
         if let Some(note) = opts.mem_budget.refuse(
             need,
-            &format!("{requests} requests of up to {} tokens", system + max_prompt + max_new),
+            &format!(
+                "{requests} requests of up to {} tokens",
+                system + max_prompt + max_new
+            ),
         ) {
             for name in names {
                 for &bs in &block_sizes {

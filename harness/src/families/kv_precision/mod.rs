@@ -78,10 +78,10 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
 /// `CTXxN` → (ctx, N).
 fn parse_window(text: &str) -> Result<(usize, usize)> {
     crate::run_files::pair_of_counts(text).ok_or_else(|| {
-            HarnessError::Usage(format!(
-                "window '{text}' is not CTXxN (e.g. 512x8: 8 windows of 512 tokens)"
-            ))
-        })
+        HarnessError::Usage(format!(
+            "window '{text}' is not CTXxN (e.g. 512x8: 8 windows of 512 tokens)"
+        ))
+    })
 }
 
 /// A tier of the grid: `native` is the active one.

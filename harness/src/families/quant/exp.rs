@@ -42,10 +42,10 @@ fn usage(e: impl std::fmt::Display) -> HarnessError {
 
 fn parse_shape(text: &str) -> Result<(usize, usize)> {
     crate::run_files::pair_of_counts(text).ok_or_else(|| {
-            HarnessError::Usage(format!(
-                "shape '{text}' is not ROWSxCOLS with both > 0 (e.g. 4096x11008)"
-            ))
-        })
+        HarnessError::Usage(format!(
+            "shape '{text}' is not ROWSxCOLS with both > 0 (e.g. 4096x11008)"
+        ))
+    })
 }
 
 impl QuantGrid {

@@ -89,12 +89,9 @@ fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize
     let kv = planned_kv(target, capacity);
     let weights = if let Some(fmt) = spec.strip_prefix("self:") {
         let f32_bytes = target.f32_weight_bytes() as f64;
-        quant_kernels::WeightFormat::parse(fmt).map_or(f32_bytes, |f| {
-            f32_bytes * f.bits_per_weight() / 32.0
-        }) as u64
-    } else if spec.starts_with("self-layers:") {
-        target.weight_bytes() as u64
-    } else if spec == path {
+        quant_kernels::WeightFormat::parse(fmt)
+            .map_or(f32_bytes, |f| f32_bytes * f.bits_per_weight() / 32.0) as u64
+    } else if spec.starts_with("self-layers:") || spec == path {
         target.weight_bytes() as u64
     } else if let Some(shape) = models::preset(spec) {
         shape.params().saturating_mul(4)
@@ -198,7 +195,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             let need = drafter_bytes(target, &path, d, capacity);
             let what = format!(
                 "the target and its K/V {}, drafters before it, drafter {d} {}",
-                crate::mem_guard::human(target.weight_bytes() as u64 + planned_kv(target, capacity)),
+                crate::mem_guard::human(
+                    target.weight_bytes() as u64 + planned_kv(target, capacity)
+                ),
                 crate::mem_guard::human(need)
             );
             if let Some(note) = opts.mem_budget.refuse(held.saturating_add(need), &what) {
