@@ -67,13 +67,19 @@ fn panels(p: &PlotSpec, t: &Table) -> (Vec<String>, Vec<Panel>) {
             t.get(r, "status") == "ok"
                 && p.filter
                     .iter()
-                    .all(|(k, v)| v.split('|').any(|alt| t.get(r, k) == alt))
+                    .all(|(k, v)| v.split('|').any(|alt| same_value(t.get(r, k), alt)))
         })
         .collect();
     let metrics: Vec<&str> = p.y.values().map(String::as_str).collect();
     let apart = [p.x.as_str(), p.series.as_str(), p.panel.as_str()];
     let mut keys = vec![p.panel.clone()];
-    keys.extend(key_columns(&[(t, rows.clone())], &apart, &metrics));
+    // A key each of whose values sits at one x is a label of the x position (a format at its
+    // bits per weight), not a panel: splitting by it would leave one point per panel.
+    keys.extend(
+        key_columns(&[(t, rows.clone())], &apart, &metrics)
+            .into_iter()
+            .filter(|k| !labels_x(t, &rows, k, &p.x, &p.panel)),
+    );
     let mut grouped: BTreeMap<String, (Vec<String>, Vec<&[String]>)> = BTreeMap::new();
     for r in &rows {
         let values: Vec<String> = keys.iter().map(|k| t.get(r, k).to_string()).collect();
@@ -117,6 +123,21 @@ fn panels(p: &PlotSpec, t: &Table) -> (Vec<String>, Vec<Panel>) {
         .collect();
     out.sort_by(|a, b| by_value(&a.values, &b.values));
     (keys, out)
+}
+
+/// Whether, within each value of `panel`, every value of `key` among `rows` occurs at a
+/// single value of `x`.
+fn labels_x(t: &Table, rows: &[&[String]], key: &str, x: &str, panel: &str) -> bool {
+    let mut at: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+    rows.iter().all(|r| {
+        let x_here = t.get(r, x);
+        *at.entry((t.get(r, panel), t.get(r, key))).or_insert(x_here) == x_here
+    })
+}
+
+/// A filter value matches a cell: the same text, or the same number (`0` and `0.0`).
+fn same_value(cell: &str, want: &str) -> bool {
+    cell == want || matches!((cell.parse::<f64>(), want.parse::<f64>()), (Ok(a), Ok(b)) if a == b)
 }
 
 fn draw(p: &PlotSpec, table: &Table, prov: &Provenance, svg: &mut String) -> Result<()> {
@@ -274,4 +295,76 @@ fn draw(p: &PlotSpec, table: &Table, prov: &Provenance, svg: &mut String) -> Res
     }
     root.present().map_err(plot_err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> Table {
+        let dir = std::env::temp_dir().join(format!("harness-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!(
+            "{}.csv",
+            xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+        ));
+        std::fs::write(&path, text).unwrap();
+        let t = Table::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        t
+    }
+
+    fn spec(x: &str, panel: &str, series: &str, y: &str, filter: &[(&str, &str)]) -> PlotSpec {
+        PlotSpec {
+            x: x.into(),
+            panel: panel.into(),
+            series: series.into(),
+            y: [("*".to_string(), y.to_string())].into(),
+            filter: filter
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            log_x: false,
+            log_y: false,
+            legend: "upper_left".into(),
+        }
+    }
+
+    /// The run shapes that drew empty figures: a float x (`load`) with the grid point's text
+    /// column and integer measurements beside it (serving), a format at its bits per weight
+    /// (quant), and a filter `temperature = "0"` over cells written `0.0` (spec).
+    #[test]
+    fn float_coordinates_labels_of_x_and_numeric_filters_keep_the_points() {
+        let t = table(
+            "run_id,variant,status,point,model,mode,load,steps,tps\n\
+             r,e,ok,model=a load=0.5 mode=s,a,s,0.5,17,1.0\n\
+             r,e,ok,model=a load=1.0 mode=s,a,s,1.0,23,2.0\n\
+             r,e,ok,model=a load=0.5 mode=c,a,c,0.5,19,1.5\n\
+             r,e,ok,model=a load=1.0 mode=c,a,c,1.0,29,2.5\n",
+        );
+        let (keys, got) = panels(&spec("load", "model", "mode", "tps", &[]), &t);
+        assert_eq!(keys, ["model"], "point and steps are not panel keys");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].series.values().map(Vec::len).sum::<usize>(), 4);
+
+        let t = table(
+            "run_id,variant,status,format,bits_per_weight,shape,temperature,speedup\n\
+             r,fused,ok,q4_0,4.5,a,0.0,3.0\n\
+             r,fused,ok,sym4g32,4.5,a,0.0,2.8\n\
+             r,fused,ok,q8_0,8.5,a,0.0,2.0\n\
+             r,fused,ok,f32,32,a,0.0,1.0\n",
+        );
+        let p = spec(
+            "bits_per_weight",
+            "shape",
+            "variant",
+            "speedup",
+            &[("temperature", "0")],
+        );
+        let (keys, got) = panels(&p, &t);
+        assert_eq!(keys, ["shape"], "format labels the x position");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].series["fused"].len(), 4);
+        assert!(same_value("0.0", "0") && !same_value("0.1", "0") && same_value("a", "a"));
+    }
 }

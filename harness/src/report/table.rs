@@ -20,6 +20,8 @@ const MEASUREMENT_COLUMNS: &[&str] = &[
     "seed",
     "peer_version",
     "note",
+    // The whole grid point as one string: what a key set names, never a key of its own.
+    "point",
     "point_rows",
     // attention's memory/compute label follows the roofline measured at the run's start
     "bound",
@@ -134,7 +136,9 @@ pub fn key_columns(
             for (t, rows) in tables {
                 for row in rows {
                     let v = t.get(row, h);
-                    if is_float(v) {
+                    // `apart` columns are coordinates by the caller's word, floats or not (a
+                    // plot's x, `load = 0.5`): without them nothing they determine drops out.
+                    if is_float(v) && !apart.contains(&h.as_str()) {
                         return false;
                     }
                     values.insert(v);
