@@ -300,19 +300,7 @@ fn draw(p: &PlotSpec, table: &Table, prov: &Provenance, svg: &mut String) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn table(text: &str) -> Table {
-        let dir = std::env::temp_dir().join(format!("harness-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!(
-            "{}.csv",
-            xxhash_rust::xxh3::xxh3_64(text.as_bytes())
-        ));
-        std::fs::write(&path, text).unwrap();
-        let t = Table::read(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        t
-    }
+    use crate::report::table::table_from_text as table;
 
     fn spec(x: &str, panel: &str, series: &str, y: &str, filter: &[(&str, &str)]) -> PlotSpec {
         PlotSpec {

@@ -181,22 +181,25 @@ pub fn point_of(table: &Table, row: &[String], keys: &[String]) -> String {
         .join(" ")
 }
 
+/// A table read from CSV text (written to a temporary file and read back), for unit tests.
+#[cfg(test)]
+pub(crate) fn table_from_text(text: &str) -> Table {
+    let dir = std::env::temp_dir().join(format!("harness-table-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!(
+        "{}.csv",
+        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    ));
+    std::fs::write(&path, text).unwrap();
+    let t = Table::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    t
+}
+
 #[cfg(test)]
 mod tests {
+    use super::table_from_text as table;
     use super::*;
-
-    fn table(text: &str) -> Table {
-        let dir = std::env::temp_dir().join(format!("harness-table-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!(
-            "{}.csv",
-            xxhash_rust::xxh3::xxh3_64(text.as_bytes())
-        ));
-        std::fs::write(&path, text).unwrap();
-        let t = Table::read(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        t
-    }
 
     #[test]
     fn keys_are_the_varying_coordinates_not_the_measurements() {
