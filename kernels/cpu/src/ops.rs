@@ -79,7 +79,27 @@ pub fn rmsnorm(x: &[f32], g: &[f32], eps: f32, out: &mut [f32]) {
         out.len(),
         g.len()
     );
+    let d = g.len();
+    if in_parallel(out.len() / d) {
+        return crate::team::for_each_chunk_mut(out, PARALLEL_ROWS * d, |t, o| {
+            let x = &x[t * PARALLEL_ROWS * d..][..o.len()];
+            rmsnorm_rows(x, g, eps, o)
+        });
+    }
+    rmsnorm_rows(x, g, eps, out)
+}
+
+fn rmsnorm_rows(x: &[f32], g: &[f32], eps: f32, out: &mut [f32]) {
     by_tier!(rmsnorm_avx512, rmsnorm_avx2, rmsnorm_body, x, g, eps, out)
+}
+
+/// Rows per task when a row-wise op runs on the team (a prompt's rows).
+const PARALLEL_ROWS: usize = 16;
+
+/// Whether a row-wise op over `rows` rows splits them over the team: only for a prompt-sized
+/// batch, and only on a team's leader (whose workers run at its tier; rayon's would not).
+fn in_parallel(rows: usize) -> bool {
+    rows >= 2 * PARALLEL_ROWS && crate::team::leading()
 }
 
 #[inline(always)]
@@ -101,6 +121,16 @@ pub fn swiglu(gate_up: &[f32], f: usize, out: &mut [f32]) {
         gate_up.len(),
         out.len()
     );
+    if in_parallel(out.len() / f) {
+        return crate::team::for_each_chunk_mut(out, PARALLEL_ROWS * f, |t, o| {
+            let gu = &gate_up[2 * t * PARALLEL_ROWS * f..][..2 * o.len()];
+            swiglu_rows(gu, f, o)
+        });
+    }
+    swiglu_rows(gate_up, f, out)
+}
+
+fn swiglu_rows(gate_up: &[f32], f: usize, out: &mut [f32]) {
     by_tier!(swiglu_avx512, swiglu_avx2, swiglu_body, gate_up, f, out)
 }
 
@@ -320,6 +350,34 @@ mod tests {
                         }
                     }
                 }
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn prompt_rows_on_a_team_equal_the_serial_rows_bit_for_bit() {
+        // 77 rows: more than the parallel threshold, not a multiple of the task's rows.
+        let (rows, d) = (77usize, 96usize);
+        for isa in runnable() {
+            with_isa(isa, || {
+                let x = data(rows * d, 3);
+                let g = data(d, 9);
+                let gu = data(rows * 2 * d, 5);
+                let serial = |f: &dyn Fn(&mut Vec<f32>, &mut Vec<f32>)| {
+                    let (mut a, mut b) = (vec![f32::NAN; rows * d], vec![f32::NAN; rows * d]);
+                    f(&mut a, &mut b);
+                    (a, b)
+                };
+                let run = |a: &mut Vec<f32>, b: &mut Vec<f32>| {
+                    rmsnorm(&x, &g, 1e-6, a);
+                    swiglu(&gu, d, b);
+                };
+                let want = serial(&run);
+                let got = crate::team::with_team(|| serial(&run));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.0), bits(&want.0), "{isa} rmsnorm");
+                assert_eq!(bits(&got.1), bits(&want.1), "{isa} swiglu");
             })
             .unwrap();
         }

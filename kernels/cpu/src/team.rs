@@ -16,10 +16,17 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// A type-erased job: `f(i)` for every task of the shares.
+use crate::isa::with_isa;
+use crate::Isa;
+
+/// A type-erased job: `f(i)` for every task of the shares, at the leader's ISA tier (its
+/// `Isa::active()` when it published the job: a worker runs the tasks under `with_isa` of it,
+/// so a kernel that reads the tier inside a task sees the leader's choice, `with_isa` in tests
+/// included).
 #[derive(Clone, Copy)]
 struct Job {
     f: *const (dyn Fn(usize) + Sync),
+    isa: Isa,
 }
 
 /// One participant's share of a job's tasks: `next..end`, claimed by its owner first and by
@@ -63,7 +70,10 @@ impl Team {
         let f: &(dyn Fn(usize) + Sync) = &noop;
         Team {
             epoch: AtomicUsize::new(0),
-            job: UnsafeCell::new(Job { f }),
+            job: UnsafeCell::new(Job {
+                f,
+                isa: Isa::Portable,
+            }),
             shares: (0..MAX_PARTICIPANTS)
                 .map(|_| Share {
                     next: AtomicUsize::new(0),
@@ -128,7 +138,10 @@ impl Team {
                 seen = e;
                 // SAFETY: published before the epoch bump we just saw (Acquire).
                 let job = unsafe { *self.job.get() };
-                if catch_unwind(AssertUnwindSafe(|| self.work(job, me))).is_err() {
+                let run = || catch_unwind(AssertUnwindSafe(|| self.work(job, me)));
+                // The leader's tier is one this CPU runs, so `with_isa` accepts it.
+                let ran = with_isa(job.isa, run).unwrap_or_else(|_| run());
+                if ran.is_err() {
                     self.panicked.store(true, Ordering::Relaxed);
                     self.drain();
                 }
@@ -172,6 +185,7 @@ impl Team {
                         *const (dyn Fn(usize) + Sync + '_),
                         *const (dyn Fn(usize) + Sync + 'static),
                     >(f),
+                    isa: Isa::active(),
                 };
             }
             self.epoch.fetch_add(1, Ordering::Release);
@@ -335,6 +349,28 @@ mod tests {
             total.load(Ordering::Relaxed),
             (0..10_000u64).sum::<u64>() + (0..50).sum::<u64>() + 50 * 3
         );
+    }
+
+    #[test]
+    fn workers_run_a_job_at_the_leaders_tier() {
+        // Each task records the tier it sees; under `with_isa` on the leader every task, on
+        // whichever thread, must see that tier (the widest runnable tier otherwise).
+        for isa in crate::isa::runnable() {
+            let seen: Vec<AtomicUsize> = (0..256).map(|_| AtomicUsize::new(usize::MAX)).collect();
+            with_isa(isa, || {
+                with_team(|| {
+                    parallel_for(seen.len(), |i| {
+                        // Long enough that the workers take a share.
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                        seen[i].store(Isa::active() as usize, Ordering::Relaxed);
+                    })
+                })
+            })
+            .unwrap();
+            for (i, s) in seen.iter().enumerate() {
+                assert_eq!(s.load(Ordering::Relaxed), isa as usize, "task {i} at {isa}");
+            }
+        }
     }
 
     #[test]

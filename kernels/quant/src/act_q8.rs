@@ -37,6 +37,16 @@ pub struct Q8Activation {
 /// codes are the same on every tier: the scale is the exact max, the rounding half away from
 /// zero like `f32::round`).
 pub fn quantize_activation(plan: &BlockPlan, x: &[f32]) -> Q8Activation {
+    quantize_activation_at(plan, x, kernel_cpu::Isa::active())
+}
+
+/// `quantize_activation` with the vector loops of tier `isa` (resolved by the caller on its own
+/// thread, so a worker thread that quantises part of a batch uses the caller's tier).
+pub(crate) fn quantize_activation_at(
+    plan: &BlockPlan,
+    x: &[f32],
+    isa: kernel_cpu::Isa,
+) -> Q8Activation {
     let chunks = x.len() / 32;
     let mut act = Q8Activation {
         q: vec![0; chunks * 32],
@@ -47,7 +57,6 @@ pub fn quantize_activation(plan: &BlockPlan, x: &[f32]) -> Q8Activation {
     // 4-bit LSB-first codes arrive as 16 low nibbles then 16 high nibbles per 32 values:
     // position i of a chunk holds value (i mod 16)·2 + i / 16.
     let interleaved = plan.bits == 4 && plan.interleaved;
-    let isa = kernel_cpu::Isa::active();
     #[cfg(target_arch = "x86_64")]
     {
         if isa.has_avx512() {

@@ -116,7 +116,9 @@ mod tests {
     fn packed_products_equal_the_reference_at_every_tier() {
         for name in ["q4_0", "q4_1", "q8_0"] {
             let f = WeightFormat::parse(name).unwrap();
-            for (rows, blocks, batch) in [(1, 1, 1), (37, 3, 1), (64, 18, 5), (17, 2, 9)] {
+            for (rows, blocks, batch) in
+                [(1, 1, 1), (37, 3, 1), (64, 18, 5), (17, 2, 9), (40, 4, 33)]
+            {
                 let cols = 32 * blocks;
                 let w = WeightDist::Outliers {
                     channels: 2,
