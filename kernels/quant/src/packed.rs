@@ -282,8 +282,12 @@ fn quantize_rows(x: &[f32], cols: usize, isa: Isa) -> Vec<Q8Activation> {
 const QUANTIZE_PARALLEL_ROWS: usize = 16;
 
 /// Y = X · Wᵀ (X: batch × cols, Y: batch × rows) with int8 activations on packed tiles, at
-/// tier `isa` (resolved by the caller on its own thread).
+/// tier `isa` (resolved by the caller on its own thread); a tier this CPU lacks is an error,
+/// never executed.
 pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa) -> Result<()> {
+    let isa = isa
+        .require()
+        .map_err(|e| KernelError::Unsupported(format!("packed matmul: {e}")))?;
     if batch == 0 || x.len() != batch * w.cols || y.len() != batch * w.rows {
         return Err(KernelError::BadBuffer(format!(
             "packed matmul of {}×{} weights with batch {batch}: x has {} values, y {}",
@@ -404,6 +408,26 @@ fn tile_dot_portable(w: &PackedMatrix, t: usize, act: &Q8Activation) -> [f32; TI
 mod tests {
     use super::*;
     use crate::WeightDist;
+
+    #[test]
+    fn a_tier_the_cpu_lacks_or_the_cap_excludes_is_an_error_not_executed() {
+        let m = QuantMatrix::quantize(WeightFormat::Q4_0, 16, 64, &[0.5; 1024]).unwrap();
+        let p = PackedMatrix::pack(&m).unwrap();
+        let x = vec![1.0f32; 64];
+        let mut y = vec![f32::NAN; 16];
+        for isa in Isa::ALL {
+            let r = matmul(&p, &x, 1, &mut y, isa);
+            assert_eq!(r.is_ok(), isa.supported(), "{isa}: {r:?}");
+        }
+        // Under a portable cap on this thread, the vector tiers are refused.
+        kernel_cpu::isa::with_isa(Isa::Portable, || {
+            for isa in Isa::ALL.into_iter().filter(|&i| i != Isa::Portable) {
+                let e = matmul(&p, &x, 1, &mut y, isa).unwrap_err().to_string();
+                assert!(e.contains("cap") || e.contains("lacks"), "{isa}: {e}");
+            }
+        })
+        .unwrap();
+    }
 
     #[test]
     fn pack_unpack_and_rows_round_trip() {
