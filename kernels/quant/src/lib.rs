@@ -35,6 +35,8 @@ pub mod matrix;
 pub mod matvec;
 /// 16-row interleaved tiles for the int8-activation product (the `packed` variant).
 pub mod packed;
+/// The Q4_K packed product: Q8_K activations, the dispatch and the portable body.
+pub mod packed_q4k;
 /// What the in-register kernels know of a format; header readers; per-format dispatch.
 pub mod plan;
 /// Plain-loop products: any CPU.

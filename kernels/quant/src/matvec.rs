@@ -89,7 +89,7 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     }
     if matches!(variant, MatVecVariant::Packed(_)) && !crate::packed::packable(format) {
         return Err(KernelError::Unsupported(format!(
-            "packed takes q4_0, q4_1 and q8_0, not {format}"
+            "packed takes q4_0, q4_1, q8_0 and q4_k, not {format}"
         )));
     }
     if matches!(variant, MatVecVariant::FusedQ8(_))
@@ -102,10 +102,20 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     Ok(())
 }
 
-/// The activation a variant actually multiplies: x itself, or for `FusedQ8` its int8
-/// quantisation dequantised (what the reference must use to judge that variant).
-pub fn activation_as_seen(variant: MatVecVariant, x: &[f32], cols: usize) -> Vec<f32> {
+/// The activation a variant actually multiplies on weights of `format`: x itself, or for
+/// `FusedQ8` / `Packed` its int8 quantisation dequantised — per 32 values (Q8_0 / Q8_1), or
+/// per 256 (Q8_K) for the K-quants — what the reference must use to judge that variant.
+pub fn activation_as_seen(
+    variant: MatVecVariant,
+    format: WeightFormat,
+    x: &[f32],
+    cols: usize,
+) -> Vec<f32> {
     match variant {
+        MatVecVariant::Packed(_) if format == WeightFormat::Q4_K => x
+            .chunks(cols)
+            .flat_map(crate::packed_q4k::activation_as_seen)
+            .collect(),
         MatVecVariant::FusedQ8(_) | MatVecVariant::Packed(_) => x
             .chunks(cols)
             .flat_map(act_q8::activation_as_seen)

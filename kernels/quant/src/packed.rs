@@ -17,8 +17,19 @@
 //!   k-step s is values 4s..4s+4). Scales: the 16 rows' f16 d, for Q4_1 then the 16 f16 m.
 //! - Q8_0 codes: 8 groups × 64 bytes, group s, byte 4r + b = code(r, 4s + b). Scales: 16 f16 d.
 //!
-//! Codes + scales are 16 × the ggml block (288, 320, 544 bytes), so packing costs no memory
-//! beyond padding the last tile to 16 rows.
+//! - Q4_K (super-blocks of 256: 8 sub-blocks of 32 with 6-bit scales sc and minimums m):
+//!   a tile-block is 16 rows × one super-block; its codes are 8 Q4_0-style sub-tiles of 256
+//!   bytes (sub-block j's codes as a Q4_0 tile-block's); its scales the 16 rows' f16 d, the 16
+//!   f16 dmin, then sc[j][r] and m[j][r] as bytes (8 × 16 each) — the 6-bit fields unpacked
+//!   once at load, so the kernels read them with one widening load per 8 rows (llama.cpp's
+//!   `block_q4_Kx8` unpacks them at load too). The product is llama.cpp's `vec_dot_q4_K_q8_K`
+//!   arithmetic: the activation quantised to Q8_K (per-256 scale, sums per 32), per sub-block
+//!   an exact Σc·q times sc, the minimums as Σ m·Σq, both integer per super-block, then
+//!   d·d_x·Σ − dmin·d_x·Σmin in f32.
+//!
+//! Codes + scales are 16 × the ggml block (288, 320, 544 bytes; Q4_K 2368 = 16 × 144 + 64),
+//! so packing costs no memory beyond padding the last tile to 16 rows (Q4_K: 2.8% for the
+//! unpacked 6-bit fields).
 //!
 //! The arithmetic is the row-major `FusedQ8`'s exactly — per block an exact integer
 //! Σ(c − offset)·q, times a·d_x, plus m·d_x·Σq for Q4_1 — so the same reference judges it. An
@@ -34,8 +45,18 @@ use kernel_cpu::{team, Isa};
 
 /// Rows per tile.
 pub const TILE: usize = 16;
-/// Values per block.
+/// Values per block of the 32-value formats (and per sub-block of Q4_K).
 pub const BLOCK: usize = 32;
+/// Values per Q4_K super-block.
+pub const SUPER: usize = 256;
+
+/// Values per tile-block of `format` (a block, or Q4_K's super-block).
+pub const fn block_values(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::Q4_K => SUPER,
+        _ => BLOCK,
+    }
+}
 /// Tiles per thread task.
 const TASK_TILES: usize = 2;
 /// Activations per pass over a tile (batch ≥ 2).
@@ -62,17 +83,24 @@ struct Line([u8; 64]);
 pub const fn code_bytes(format: WeightFormat) -> usize {
     match format {
         WeightFormat::Q8_0 => 512,
+        WeightFormat::Q4_K => 8 * 256,
         _ => 256,
     }
 }
 
-/// Scale bytes of one tile-block (16 f16 d, and for Q4_1 16 f16 m).
+/// Scale bytes of one tile-block (16 f16 d, and for Q4_1 16 f16 m; Q4_K: d, dmin, then the
+/// 8 × 16 scales and 8 × 16 minimums as bytes).
 pub const fn scale_bytes(format: WeightFormat) -> usize {
     match format {
         WeightFormat::Q4_1 => 64,
+        WeightFormat::Q4_K => 64 + 2 * 8 * TILE,
         _ => 32,
     }
 }
+
+/// Where Q4_K's scales and minimums start in a tile-block's scale bytes.
+pub(crate) const Q4K_SC: usize = 64;
+pub(crate) const Q4K_MN: usize = 64 + 8 * TILE;
 
 /// Bytes of one tile-block (codes and scales).
 pub const fn tile_block_bytes(format: WeightFormat) -> usize {
@@ -83,8 +111,44 @@ pub const fn tile_block_bytes(format: WeightFormat) -> usize {
 pub fn packable(format: WeightFormat) -> bool {
     matches!(
         format,
-        WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q8_0
+        WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4_K
     )
+}
+
+/// The 256 codes (0..15) of a ggml Q4_K block, in value order (byte 16 + 32h + i holds value
+/// 64h + i in its low nibble and 64h + 32 + i in its high one).
+fn q4k_codes(bytes: &[u8]) -> [u8; SUPER] {
+    let mut c = [0u8; SUPER];
+    for h in 0..4 {
+        for i in 0..32 {
+            let byte = bytes[16 + 32 * h + i];
+            c[64 * h + i] = byte & 0x0F;
+            c[64 * h + 32 + i] = byte >> 4;
+        }
+    }
+    c
+}
+
+/// Writes 32 codes (values 0..15) of row r into a Q4_0-style sub-tile of 256 bytes.
+fn put_nibbles(codes: &mut [u8], r: usize, c: &[u8]) {
+    for j in 0..4 {
+        for b in 0..4 {
+            codes[64 * j + 4 * r + b] = c[8 * j + b] | c[8 * j + 4 + b] << 4;
+        }
+    }
+}
+
+/// The 32 codes of row r in a Q4_0-style sub-tile.
+fn get_nibbles(codes: &[u8], r: usize) -> [u8; BLOCK] {
+    let mut c = [0u8; BLOCK];
+    for j in 0..4 {
+        for b in 0..4 {
+            let byte = codes[64 * j + 4 * r + b];
+            c[8 * j + b] = byte & 0x0F;
+            c[8 * j + 4 + b] = byte >> 4;
+        }
+    }
+    c
 }
 
 /// The 32 codes (0..15, or Q8_0's two's complement bytes) and header bytes of ggml block
@@ -110,9 +174,9 @@ impl PackedMatrix {
         self.rows.div_ceil(TILE)
     }
 
-    /// Blocks per row.
+    /// Tile-blocks per row (blocks of 32, or Q4_K super-blocks).
     pub fn blocks(&self) -> usize {
-        self.cols / BLOCK
+        self.cols / block_values(self.format)
     }
 
     /// All packed bytes: the code region, then the scale region.
@@ -124,13 +188,13 @@ impl PackedMatrix {
     }
 
     /// The codes of tile-block (t, k), then those of the next blocks of tile t.
-    fn codes(&self, t: usize, k: usize) -> &[u8] {
+    pub(crate) fn codes(&self, t: usize, k: usize) -> &[u8] {
         let at = (t * self.blocks() + k) * code_bytes(self.format);
         &self.bytes()[at..self.scales_at]
     }
 
     /// The scales of tile-block (t, k), then those of the next blocks of tile t.
-    fn scales(&self, t: usize, k: usize) -> &[u8] {
+    pub(crate) fn scales(&self, t: usize, k: usize) -> &[u8] {
         let at = self.scales_at + (t * self.blocks() + k) * scale_bytes(self.format);
         &self.bytes()[at..]
     }
@@ -139,11 +203,11 @@ impl PackedMatrix {
     pub fn pack(m: &QuantMatrix) -> Result<PackedMatrix> {
         if !packable(m.format) {
             return Err(KernelError::Unsupported(format!(
-                "packed tiles take q4_0, q4_1 and q8_0, not {}",
+                "packed tiles take q4_0, q4_1, q8_0 and q4_k, not {}",
                 m.format
             )));
         }
-        let (format, nblocks) = (m.format, m.cols / BLOCK);
+        let (format, nblocks) = (m.format, m.cols / block_values(m.format));
         let (bb, cb, sb) = (
             format.block_bytes(),
             code_bytes(format),
@@ -166,6 +230,20 @@ impl PackedMatrix {
             let (t, k) = (tk / nblocks, tk % nblocks);
             for r in 0..TILE.min(m.rows - t * TILE) {
                 let block = &m.row(t * TILE + r)[k * bb..(k + 1) * bb];
+                if format == WeightFormat::Q4_K {
+                    let c = q4k_codes(block);
+                    for j in 0..8 {
+                        put_nibbles(&mut codes[256 * j..], r, &c[32 * j..32 * j + 32]);
+                        let (sc, mn) = crate::kquants::get_scale_min_k4(j, &block[4..16]);
+                        scales[Q4K_SC + TILE * j + r] = sc;
+                        scales[Q4K_MN + TILE * j + r] = mn;
+                    }
+                    for h in 0..2 {
+                        scales[32 * h + 2 * r..32 * h + 2 * r + 2]
+                            .copy_from_slice(&block[2 * h..2 * h + 2]);
+                    }
+                    continue;
+                }
                 let c = block_codes(format, block);
                 if format == WeightFormat::Q8_0 {
                     for s in 0..8 {
@@ -173,11 +251,7 @@ impl PackedMatrix {
                             .copy_from_slice(&c[4 * s..4 * s + 4]);
                     }
                 } else {
-                    for j in 0..4 {
-                        for b in 0..4 {
-                            codes[64 * j + 4 * r + b] = c[8 * j + b] | c[8 * j + 4 + b] << 4;
-                        }
-                    }
+                    put_nibbles(codes, r, &c);
                 }
                 // d, then Q4_1's m, each as 16 consecutive f16.
                 for h in 0..format.header_bytes() / 2 {
@@ -201,23 +275,36 @@ impl PackedMatrix {
         let (codes, scales) = (self.codes(r / TILE, k), self.scales(r / TILE, k));
         let row = r % TILE;
         let mut out = vec![0u8; format.block_bytes()];
+        if format == WeightFormat::Q4_K {
+            for h in 0..2 {
+                out[2 * h..2 * h + 2]
+                    .copy_from_slice(&scales[32 * h + 2 * row..32 * h + 2 * row + 2]);
+            }
+            let ls: [u8; 8] = std::array::from_fn(|j| scales[Q4K_SC + TILE * j + row]);
+            let lm: [u8; 8] = std::array::from_fn(|j| scales[Q4K_MN + TILE * j + row]);
+            crate::kquants::put_scale_min_k4(&ls, &lm, &mut out[4..16]);
+            let mut c = [0u8; SUPER];
+            for j in 0..8 {
+                c[32 * j..32 * j + 32].copy_from_slice(&get_nibbles(&codes[256 * j..], row));
+            }
+            for h in 0..4 {
+                for i in 0..32 {
+                    out[16 + 32 * h + i] = c[64 * h + i] | c[64 * h + 32 + i] << 4;
+                }
+            }
+            return out;
+        }
         for h in 0..format.header_bytes() / 2 {
             out[2 * h..2 * h + 2].copy_from_slice(&scales[32 * h + 2 * row..32 * h + 2 * row + 2]);
         }
-        let mut c = [0u8; BLOCK];
         if format == WeightFormat::Q8_0 {
+            let mut c = [0u8; BLOCK];
             for s in 0..8 {
                 c[4 * s..4 * s + 4].copy_from_slice(&codes[64 * s + 4 * row..64 * s + 4 * row + 4]);
             }
             out[2..].copy_from_slice(&c);
         } else {
-            for j in 0..4 {
-                for b in 0..4 {
-                    let byte = codes[64 * j + 4 * row + b];
-                    c[8 * j + b] = byte & 0x0F;
-                    c[8 * j + 4 + b] = byte >> 4;
-                }
-            }
+            let c = get_nibbles(codes, row);
             let qs = &mut out[format.header_bytes()..];
             for j in 0..16 {
                 qs[j] = c[j] | c[j + 16] << 4;
@@ -242,7 +329,8 @@ impl PackedMatrix {
     /// `QuantMatrix::decode_row_range`.
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
         let mut codes = vec![];
-        for (k, o) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
+        let bv = block_values(self.format);
+        for (k, o) in out[..self.cols].chunks_exact_mut(bv).enumerate() {
             decode_block(self.format, &self.ggml_block(r, k), &mut codes, o);
         }
     }
@@ -254,27 +342,7 @@ impl PackedMatrix {
 /// 6% of a 512-token SmolLM2 prefill with the other thread idle).
 fn quantize_rows(x: &[f32], cols: usize, isa: Isa) -> Vec<Q8Activation> {
     let plan = BlockPlan::for_format(WeightFormat::Q8_0).expect("q8_0 has a plan");
-    let rows = x.len() / cols;
-    if rows < QUANTIZE_PARALLEL_ROWS {
-        return x
-            .chunks(cols)
-            .map(|r| act_q8::quantize_activation_at(&plan, r, isa))
-            .collect();
-    }
-    let mut acts: Vec<Option<Q8Activation>> = vec![None; rows];
-    team::for_each_chunk_mut(&mut acts, QUANTIZE_PARALLEL_ROWS, |t, part| {
-        for (i, a) in part.iter_mut().enumerate() {
-            let r = t * QUANTIZE_PARALLEL_ROWS + i;
-            *a = Some(act_q8::quantize_activation_at(
-                &plan,
-                &x[r * cols..(r + 1) * cols],
-                isa,
-            ));
-        }
-    });
-    acts.into_iter()
-        .map(|a| a.expect("every row quantised"))
-        .collect()
+    in_parallel(x, cols, |r| act_q8::quantize_activation_at(&plan, r, isa))
 }
 
 /// Rows per task of the parallel activation quantisation (and the batch from which it runs
@@ -297,7 +365,11 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
             y.len()
         )));
     }
-    let acts = quantize_rows(x, w.cols, isa);
+    let acts = if w.format == WeightFormat::Q4_K {
+        Acts::Q8K(in_parallel(x, w.cols, crate::packed_q4k::quantize))
+    } else {
+        Acts::Q8(quantize_rows(x, w.cols, isa))
+    };
     let tiles = w.tiles();
     let out = SharedOut(y.as_mut_ptr(), y.len());
     team::parallel_for(tiles.div_ceil(TASK_TILES), |task| {
@@ -306,9 +378,15 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
         for t in task * TASK_TILES..((task + 1) * TASK_TILES).min(tiles) {
             let rows = TILE.min(w.rows - t * TILE);
             for b0 in (0..batch).step_by(PASS) {
-                let group = &acts[b0..(b0 + PASS).min(batch)];
-                tile_dot(w, t, group, &mut tile_out, isa);
-                for (b, vals) in tile_out.iter().enumerate().take(group.len()) {
+                let end = (b0 + PASS).min(batch);
+                let n = end - b0;
+                match &acts {
+                    Acts::Q8(a) => tile_dot(w, t, &a[b0..end], &mut tile_out, isa),
+                    Acts::Q8K(a) => {
+                        crate::packed_q4k::tile_dot(w, t, &a[b0..end], &mut tile_out, isa)
+                    }
+                }
+                for (b, vals) in tile_out.iter().enumerate().take(n) {
                     let at = (b0 + b) * w.rows + t * TILE;
                     // SAFETY: tile t's rows of each output row are written by this task only.
                     unsafe { out.write(at, &vals[..rows]) };
@@ -317,6 +395,31 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
         }
     });
     Ok(())
+}
+
+/// The quantised activations of one call: Q8_0-style per 32 values, or Q8_K for Q4_K tiles.
+enum Acts {
+    Q8(Vec<Q8Activation>),
+    Q8K(Vec<crate::packed_q4k::Q8KActivation>),
+}
+
+/// `quantize` of every `cols`-wide row of `x`, rows split over the team for a prompt-sized
+/// batch (the quantisers are tier-independent plain loops).
+fn in_parallel<A: Send>(x: &[f32], cols: usize, quantize: impl Fn(&[f32]) -> A + Sync) -> Vec<A> {
+    let rows = x.len() / cols;
+    if rows < QUANTIZE_PARALLEL_ROWS {
+        return x.chunks(cols).map(&quantize).collect();
+    }
+    let mut acts: Vec<Option<A>> = (0..rows).map(|_| None).collect();
+    team::for_each_chunk_mut(&mut acts, QUANTIZE_PARALLEL_ROWS, |t, part| {
+        for (i, a) in part.iter_mut().enumerate() {
+            let r = t * QUANTIZE_PARALLEL_ROWS + i;
+            *a = Some(quantize(&x[r * cols..(r + 1) * cols]));
+        }
+    });
+    acts.into_iter()
+        .map(|a| a.expect("every row quantised"))
+        .collect()
 }
 
 /// The output of `matmul`, shared by tasks that write disjoint ranges.
@@ -431,11 +534,16 @@ mod tests {
 
     #[test]
     fn pack_unpack_and_rows_round_trip() {
-        for name in ["q4_0", "q4_1", "q8_0"] {
+        for name in ["q4_0", "q4_1", "q8_0", "q4_k"] {
             let f = WeightFormat::parse(name).unwrap();
+            let cols = 3 * block_values(f);
             for rows in [1usize, 15, 16, 17, 40] {
-                let w = WeightDist::Gaussian.sample(rows, 96, rows as u64);
-                let m = QuantMatrix::quantize(f, rows, 96, &w).unwrap();
+                let w = WeightDist::Outliers {
+                    channels: 3,
+                    scale: 20.0,
+                }
+                .sample(rows, cols, rows as u64);
+                let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
                 let p = PackedMatrix::pack(&m).unwrap();
                 assert_eq!(
                     p.bytes().len(),
@@ -443,8 +551,8 @@ mod tests {
                 );
                 assert_eq!(p.bytes().as_ptr() as usize % 64, 0);
                 assert_eq!(p.unpack(), m, "{name} {rows}");
-                let mut a = vec![0.0; 96];
-                let mut b = vec![0.0; 96];
+                let mut a = vec![0.0; cols];
+                let mut b = vec![0.0; cols];
                 for r in 0..rows {
                     p.decode_row(r, &mut a);
                     m.decode_row_range(r, 0, &mut b, &mut vec![]);

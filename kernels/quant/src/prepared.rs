@@ -114,12 +114,12 @@ mod tests {
 
     #[test]
     fn packed_products_equal_the_reference_at_every_tier() {
-        for name in ["q4_0", "q4_1", "q8_0"] {
+        for name in ["q4_0", "q4_1", "q8_0", "q4_k"] {
             let f = WeightFormat::parse(name).unwrap();
             for (rows, blocks, batch) in
                 [(1, 1, 1), (37, 3, 1), (64, 18, 5), (17, 2, 9), (40, 4, 33)]
             {
-                let cols = 32 * blocks;
+                let cols = crate::packed::block_values(f) * blocks;
                 let w = WeightDist::Outliers {
                     channels: 2,
                     scale: 30.0,
@@ -127,7 +127,7 @@ mod tests {
                 .sample(rows, cols, rows as u64);
                 let m = Arc::new(QuantMatrix::quantize(f, rows, cols, &w).unwrap());
                 let x = normal_f32(&mut rng(7), batch * cols, 1.0);
-                let seen = matvec::activation_as_seen(MatVecVariant::Packed(None), &x, cols);
+                let seen = matvec::activation_as_seen(MatVecVariant::Packed(None), f, &x, cols);
                 let want = reference::matmul(&m, &seen, batch);
                 for isa in kernel_cpu::isa::runnable() {
                     let v = MatVecVariant::Packed(Some(isa));

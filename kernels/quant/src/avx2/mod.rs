@@ -16,6 +16,8 @@ use std::arch::x86_64::*;
 pub mod gemv;
 /// The packed-tile kernel (16-row interleaved tiles, int8 activations).
 pub mod packed;
+/// The Q4_K packed-tile kernel (Q8_K activations).
+pub mod packed_q4k;
 /// The int8-activation GEMV (llama.cpp's AVX2 path).
 pub mod q8act;
 /// The B ≤ 4 register-tile kernel (small-batch GEMM) and its dense f32/f16 twin.
