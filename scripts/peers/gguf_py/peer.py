@@ -4,7 +4,8 @@ quantize points: harness/src/families/quant/peers.rs).
 
 Reads the point's f32 weights `x` [rows, cols] and quantises them with the gguf package's
 reference quantisers (gguf.quants.quantize: numpy ports of ggml's quantize_row_*_ref) into
-the point's format (q8_0, q4_0, q4_1), written as u8 tensor `q` (the blocks, row after row,
+the point's format (q8_0, q4_0, q4_1, q5_0, q5_1, bf16: every ggml type gguf.quants quantises; it
+only dequantises the K-quants and IQ4_NL), written as u8 tensor `q` (the blocks, row after row,
 as ggml stores them); times calls with time.perf_counter on request.
 """
 import os
@@ -25,7 +26,14 @@ def main():
     except Exception as e:  # noqa: BLE001 - any import failure means "not installed"
         peerio.unavailable_forever(f"gguf is not importable ({type(e).__name__}: {e})")
         return
-    types = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1}
+    types = {
+        "q8_0": T.Q8_0,
+        "q4_0": T.Q4_0,
+        "q4_1": T.Q4_1,
+        "q5_0": T.Q5_0,
+        "q5_1": T.Q5_1,
+        "bf16": T.BF16,
+    }
     state = {}
 
     def call():
