@@ -1,9 +1,11 @@
 //! The GGUF tokenizers against llama.cpp's own (`llama-tokenize`, ids in
 //! tests/data/tokenizer_expected.json, written by make_tokenizer_ids.py): on each real file in
 //! models/cache/ (fetched by scripts/fetch-models.sh; a test says SKIPPED and passes when its
-//! file is absent) the ids of every hard string and of the whole GPL-3 text, BOS as the file
-//! says, equal llama.cpp's, and decoding gives the text back where the tokenizer is lossless.
-//! The choice of tokenizer from the metadata and its errors are checked on crafted files.
+//! file is absent) and on the two tiny vocabulary-only files beside the ids (SentencePiece with
+//! llama.cpp's defaults and tied scores, byte-level BPE with the `default` pre-tokenizer) the
+//! ids of every hard string and of the whole GPL-3 text, BOS as the file says, equal
+//! llama.cpp's, and decoding gives the text back where the tokenizer is lossless. The choice of
+//! tokenizer from the metadata and its errors are checked on crafted files.
 
 use models::model::gguf::Value;
 use models::{gemma3_path, qwen25_path, smollm2_path, Gguf, TextTokenizer};
@@ -124,6 +126,22 @@ fn qwen2_matches_llama_cpp() {
 #[test]
 fn gemma3_matches_llama_cpp() {
     matches_llama_cpp(gemma3_path(), true, true);
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+#[test]
+fn tiny_sentencepiece_matches_llama_cpp() {
+    matches_llama_cpp(data("tiny_spm.gguf"), true, false);
+}
+
+#[test]
+fn tiny_bpe_with_the_default_pre_tokenizer_matches_llama_cpp() {
+    matches_llama_cpp(data("tiny_bpe.gguf"), false, true);
 }
 
 #[test]
