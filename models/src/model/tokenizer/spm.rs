@@ -107,20 +107,17 @@ impl Spm {
             s.push(SPACE);
         }
         s.extend(text.chars().map(|c| if c == ' ' { SPACE } else { c }));
+        let n = s.chars().count();
         let mut symbols: Vec<Symbol> = s
             .char_indices()
-            .map(|(start, c)| Symbol {
+            .enumerate()
+            .map(|(i, (start, c))| Symbol {
                 start,
                 len: c.len_utf8(),
-                prev: None,
-                next: None,
+                prev: i.checked_sub(1),
+                next: (i + 1 < n).then_some(i + 1),
             })
             .collect();
-        let n = symbols.len();
-        for (i, sym) in symbols.iter_mut().enumerate() {
-            sym.prev = i.checked_sub(1);
-            sym.next = (i + 1 < n).then_some(i + 1);
-        }
         let mut queue = BinaryHeap::new();
         for i in 1..n {
             self.push_bigram(&s, &symbols, Some(i - 1), Some(i), &mut queue);

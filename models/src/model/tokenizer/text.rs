@@ -64,53 +64,9 @@ impl TextTokenizer {
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(other) => Err(err(g, format!("metadata {key} is {other:?}, not a bool"))),
         };
-        let vocab = Vocab::from_gguf(g)?;
-        let specials = Specials::new(vocab.specials());
-        let vocab_size = vocab.len();
-        let (kind, add_bos, bos, eos, lossless) = match model {
-            "gpt2" => {
-                let inner = bpe(g, pre, &vocab)?.ok_or_else(|| {
-                    err(
-                        g,
-                        format!(
-                            "tokenizer.ggml.pre = {:?} is not a pre-tokenizer this reader \
-                             knows ({PRE}) for tokenizer.ggml.model = gpt2",
-                            pre.unwrap_or_default()
-                        ),
-                    )
-                })?;
-                let add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-                let (bos, eos) = (
-                    id(g, "tokenizer.ggml.bos_token_id")?,
-                    id(g, "tokenizer.ggml.eos_token_id")?,
-                );
-                (Kind::Crate(Box::new(inner)), add_bos, bos, eos, true)
-            }
-            "llama" => {
-                if let Some(p) = pre.filter(|p| *p != "default") {
-                    return Err(err(
-                        g,
-                        format!(
-                            "tokenizer.ggml.pre = {p:?} with tokenizer.ggml.model = llama \
-                             (SentencePiece takes only default)"
-                        ),
-                    ));
-                }
-                let prefix = flag("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-                let add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(true);
-                let (bos, eos) = (
-                    id(g, "tokenizer.ggml.bos_token_id")?.unwrap_or(1),
-                    id(g, "tokenizer.ggml.eos_token_id")?.unwrap_or(2),
-                );
-                let spm = Spm::new(vocab, prefix);
-                (
-                    Kind::SentencePiece(spm),
-                    add_bos,
-                    Some(bos),
-                    Some(eos),
-                    !prefix,
-                )
-            }
+        let sentencepiece = match model {
+            "gpt2" => false,
+            "llama" => true,
             other => {
                 return Err(err(
                     g,
@@ -120,6 +76,48 @@ impl TextTokenizer {
                     ),
                 ))
             }
+        };
+        if let Some(p) = pre.filter(|p| sentencepiece && *p != "default") {
+            return Err(err(
+                g,
+                format!(
+                    "tokenizer.ggml.pre = {p:?} with tokenizer.ggml.model = llama \
+                     (SentencePiece takes only default)"
+                ),
+            ));
+        }
+        let vocab = Vocab::from_gguf(g)?;
+        let specials = Specials::new(vocab.specials());
+        let vocab_size = vocab.len();
+        let (kind, add_bos, bos, eos, lossless) = if sentencepiece {
+            let prefix = flag("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+            let add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(true);
+            let bos = id(g, "tokenizer.ggml.bos_token_id")?.unwrap_or(1);
+            let eos = id(g, "tokenizer.ggml.eos_token_id")?.unwrap_or(2);
+            let spm = Spm::new(vocab, prefix);
+            let lossless = !prefix;
+            (
+                Kind::SentencePiece(spm),
+                add_bos,
+                Some(bos),
+                Some(eos),
+                lossless,
+            )
+        } else {
+            let inner = bpe(g, pre, &vocab)?.ok_or_else(|| {
+                err(
+                    g,
+                    format!(
+                        "tokenizer.ggml.pre = {:?} is not a pre-tokenizer this reader knows \
+                         ({PRE}) for tokenizer.ggml.model = gpt2",
+                        pre.unwrap_or_default()
+                    ),
+                )
+            })?;
+            let add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+            let bos = id(g, "tokenizer.ggml.bos_token_id")?;
+            let eos = id(g, "tokenizer.ggml.eos_token_id")?;
+            (Kind::Crate(Box::new(inner)), add_bos, bos, eos, true)
         };
         for (name, id) in [("bos", bos), ("eos", eos)] {
             if let Some(id) = id.filter(|&i| i as usize >= vocab_size) {
