@@ -1,5 +1,5 @@
 //! The reference generation pipeline: model sources (GGUF files, Hugging Face safetensors
-//! directories, seeded random presets), the file's byte-level BPE tokenizer, a Llama/Mixtral
+//! directories, seeded random presets), the file's tokenizer, a Llama/Mixtral
 //! decoder whose every projection and attention call goes through the kernel crates, a paged
 //! KV cache, a seeded sampler, continuous batching and speculative decoding, and the evaluation
 //! of its quality (perplexity, KL divergence). Rooms whose imports run one way, `model` ←

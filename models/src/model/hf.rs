@@ -229,13 +229,13 @@ impl HfCheckpoint {
         }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| bad(&path, format!("cannot load the tokenizer ({e})")))?;
-        Ok(Some(TextTokenizer {
-            vocab_size: self.config.vocab,
+        Ok(Some(TextTokenizer::from_tokenizers(
             inner,
-            bos: self.bos,
-            eos: self.eos,
-            lossless: false,
-        }))
+            self.config.vocab,
+            self.bos,
+            self.eos,
+            false,
+        )))
     }
 }
 

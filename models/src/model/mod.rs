@@ -23,5 +23,5 @@ pub mod load;
 pub mod presets;
 /// Tensor sources and building a model from one.
 pub mod source;
-/// Byte-level BPE from GGUF metadata.
+/// The file's tokenizer: byte-level BPE or SentencePiece, as llama.cpp tokenizes.
 pub mod tokenizer;
