@@ -42,6 +42,8 @@ pub(crate) fn decode_shape(shape: &AttentionShape) -> PagedDecodeShape {
         head_dim: shape.head_dim,
         q_len: shape.q_len,
         scale: shape.scale,
+        window: None,
+        softcap: None,
     }
 }
 

@@ -14,6 +14,7 @@ use crate::coded_rows::CodedRows;
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use crate::view::{Run, Source};
 use attention_kernels::cpu::gemm::widen;
+use attention_kernels::shape::validate_window_softcap;
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Element, KernelError};
 use kernel_cpu::rows::{Avx2, Avx512, Portable};
@@ -27,7 +28,9 @@ const CHUNK: usize = 128;
 /// Shortest partition `SplitKv::Auto` makes.
 const AUTO_MIN_PARTITION: usize = 64;
 
-/// The query side of a paged decode call.
+/// The query side of a paged decode call. `window` and `softcap` mean what they mean in
+/// `attention_kernels::AttentionShape`: the query at position p sees key j iff j ≤ p and
+/// p − j < window; scores are cap · tanh(scale · q·k / cap) before the softmax.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PagedDecodeShape {
     pub q_heads: usize,
@@ -36,9 +39,23 @@ pub struct PagedDecodeShape {
     /// New tokens per sequence; they are the last `q_len` positions of its context.
     pub q_len: usize,
     pub scale: f32,
+    /// Sliding window in positions (`None`: the whole context).
+    pub window: Option<usize>,
+    /// Logit soft-cap (`None`: plain scores).
+    pub softcap: Option<f32>,
 }
 
 impl PagedDecodeShape {
+    /// The same shape with a sliding window.
+    pub fn with_window(self, window: Option<usize>) -> PagedDecodeShape {
+        PagedDecodeShape { window, ..self }
+    }
+
+    /// The same shape with a logit soft-cap.
+    pub fn with_softcap(self, softcap: Option<f32>) -> PagedDecodeShape {
+        PagedDecodeShape { softcap, ..self }
+    }
+
     /// Checks the shape against the pool and the batch.
     pub fn validate(&self, layout: &PoolLayout, batch: &PagedBatch) -> Result<()> {
         let bad = |m: String| Err(KernelError::InvalidShape(m));
@@ -67,6 +84,7 @@ impl PagedDecodeShape {
                 self.scale
             ));
         }
+        validate_window_softcap(self.window, self.softcap)?;
         if let Some((s, len)) = batch
             .context_lens
             .iter()

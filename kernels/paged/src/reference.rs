@@ -22,6 +22,8 @@ fn sequence(shape: &PagedDecodeShape, ctx: usize, inputs: &AttentionInputs) -> V
         head_dim: shape.head_dim,
         causal: true,
         scale: shape.scale,
+        window: None,
+        softcap: None,
     };
     attention(&one, inputs)
 }

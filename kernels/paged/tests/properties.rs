@@ -185,6 +185,8 @@ fn large_pool_ids_beyond_32768_and_poisoned_slots_do_not_leak() {
         head_dim,
         q_len: 1,
         scale: 0.125,
+        window: None,
+        softcap: None,
     };
     let c = PagedCase {
         shape,

@@ -9,6 +9,7 @@
 //! reference computes the same in f64, materialising the scores.
 
 use crate::tree::DraftTree;
+use attention_kernels::shape::validate_window_softcap;
 use kernel_common::{error::Result, Buffer, KernelError};
 use kernel_cpu::simd::{axpy_plain, dot_plain};
 use paged_kernels::KvPool;
@@ -25,13 +26,32 @@ pub struct TreeContext<'a> {
     pub nodes: &'a [usize],
 }
 
-/// Heads and scale of a tree attention call.
+/// Heads, scale, sliding window and soft-cap of a tree attention call. Positions are those
+/// of RoPE: context key j at j, tree node a at ctx + depth(a); the query of node i (at
+/// p = ctx + depth(i)) sees a key at position j iff j ≤ p and p − j < window (as
+/// `attention_kernels::AttentionShape`), and scores are cap · tanh(scale · q·k / cap).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TreeAttnShape {
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Sliding window in positions (`None`: the whole context).
+    pub window: Option<usize>,
+    /// Logit soft-cap (`None`: plain scores).
+    pub softcap: Option<f32>,
+}
+
+impl TreeAttnShape {
+    /// The same shape with a sliding window.
+    pub fn with_window(self, window: Option<usize>) -> TreeAttnShape {
+        TreeAttnShape { window, ..self }
+    }
+
+    /// The same shape with a logit soft-cap.
+    pub fn with_softcap(self, softcap: Option<f32>) -> TreeAttnShape {
+        TreeAttnShape { softcap, ..self }
+    }
 }
 
 fn f32_pool(pool: &KvPool) -> Result<(&[f32], &[f32])> {
@@ -70,6 +90,13 @@ pub(crate) fn check(
             shape.q_heads, shape.kv_heads
         ));
     }
+    if !(shape.scale.is_finite() && shape.scale > 0.0) {
+        return bad(format!(
+            "softmax scale must be finite and > 0, got {}",
+            shape.scale
+        ));
+    }
+    validate_window_softcap(shape.window, shape.softcap)?;
     let need = (ctx + tree.len()).div_ceil(l.block_size);
     if table.len() < need || table[..need].iter().any(|&b| b as usize >= l.num_blocks) {
         return bad(format!(

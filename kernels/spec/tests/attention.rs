@@ -48,6 +48,8 @@ fn tree_attention_matches_the_reference() {
             kv_heads: kvh,
             head_dim: d,
             scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+            softcap: None,
         };
         // All nodes, then only the deepest half (the level-by-level case).
         let all: Vec<usize> = (0..nodes).collect();
@@ -84,6 +86,8 @@ fn a_chain_is_causal_attention() {
         kv_heads: kvh,
         head_dim: d,
         scale: 0.25,
+        window: None,
+        softcap: None,
     };
     let q = normal_buffer(&mut rng(4), DType::F32, (k + 1) * qh * d).to_f32();
     let mut out = vec![0.0f32; q.len()];
@@ -114,6 +118,8 @@ fn a_chain_is_causal_attention() {
         head_dim: d,
         q_len: k + 1,
         scale: 0.25,
+        window: None,
+        softcap: None,
     };
     let mut dec = Buffer::poisoned(DType::F32, q.len());
     paged_kernels::paged_decode(

@@ -49,6 +49,8 @@ fn tree_attention_matches_the_reference() {
             kv_heads,
             head_dim: *head_dim,
             scale: 0.2,
+            window: None,
+            softcap: None,
         };
         let at = TreeContext {
             pool: &pool,

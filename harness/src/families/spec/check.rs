@@ -95,6 +95,8 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
         };
         let at = TreeContext {
             pool: &pool,

@@ -459,6 +459,8 @@ mod tests {
             head_dim: 128,
             q_len,
             scale: 0.1,
+            window: None,
+            softcap: None,
         }
     }
 

@@ -117,6 +117,8 @@ mod tests {
             kv_heads: 3,
             head_dim: 64,
             scale: 0.125,
+            window: None,
+            softcap: None,
         };
         assert_eq!(plan_tree_attention(&s, 10).unwrap().grid.0, 23); // ⌈90 / 4⌉
         let wide = TreeAttnShape { head_dim: 256, ..s };
