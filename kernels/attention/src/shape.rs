@@ -153,11 +153,6 @@ impl AttentionShape {
         }
     }
 
-    /// Number of keys query row `i` attends to.
-    pub fn keys_seen(&self, i: usize) -> usize {
-        self.visible_keys(i).len()
-    }
-
     /// Unmasked (query, key) pairs per head.
     pub fn pairs_per_head(&self) -> u64 {
         let (lq, lk) = (self.q_len as u64, self.kv_len as u64);
@@ -176,14 +171,22 @@ impl AttentionShape {
         tri + (hi - tri_end.max(lo - 1)) * w
     }
 
+    /// Keys some query row sees (per KV head): the last `kv_len − first` of them, `first`
+    /// being the first row's window start; every key when not causal or without a window.
+    pub fn kv_needed(&self) -> usize {
+        self.kv_len - self.visible_keys(0).start
+    }
+
     /// Useful FLOPs: 2·d for q·k and 2·d for p·v per unmasked pair, every head.
     pub fn flops(&self) -> u64 {
         4 * (self.batch * self.q_heads * self.head_dim) as u64 * self.pairs_per_head()
     }
 
-    /// Compulsory traffic: read q, k, v once and write the output once.
+    /// Compulsory traffic: read q once, the K and V rows some query sees once (all of them
+    /// without a window), and write the output once.
     pub fn io_cost(&self, dtype: DType) -> Cost {
-        let elems = 2 * self.q_elems() + 2 * self.kv_elems();
+        let kv_read = self.batch * self.kv_heads * self.kv_needed() * self.head_dim;
+        let elems = 2 * self.q_elems() + 2 * kv_read;
         Cost {
             bytes: (elems * dtype.size()) as u64,
             flops: self.flops(),
@@ -270,13 +273,68 @@ mod tests {
     }
 
     #[test]
+    fn window_and_softcap_validation() {
+        let causal = AttentionShape::new(1, 4, 2, 3, 10, 16, true);
+        assert!(causal.with_window(Some(1)).validate().is_ok());
+        assert!(causal.with_window(Some(10_000)).validate().is_ok());
+        assert!(causal.with_softcap(Some(50.0)).validate().is_ok());
+        let err = |s: AttentionShape| s.validate().unwrap_err().to_string();
+        assert!(err(causal.with_window(Some(0))).contains("sliding window must be >= 1"));
+        let cross = AttentionShape::new(1, 4, 2, 3, 10, 16, false);
+        assert!(err(cross.with_window(Some(4))).contains("needs causal"));
+        for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(
+                err(causal.with_softcap(Some(cap))).contains("soft-cap"),
+                "{cap}"
+            );
+        }
+        assert_eq!(
+            causal.with_window(Some(4)).with_softcap(Some(50.0)).label(),
+            "b1 h4/2 q3 kv10 d16 causal win4 cap50"
+        );
+    }
+
+    #[test]
+    fn windowed_rows_see_the_last_w_positions() {
+        // Rows at positions 7, 8, 9 with a window of 3: keys 5..=7, 6..=8, 7..=9.
+        let s = AttentionShape::new(1, 1, 1, 3, 10, 8, true).with_window(Some(3));
+        assert_eq!(s.visible_keys(0), 5..8);
+        assert_eq!(s.visible_keys(2), 7..10);
+        assert_eq!(s.kv_needed(), 5);
+        assert_eq!(s.pairs_per_head(), 9);
+        // A window longer than the context is plain causal attention.
+        let wide = AttentionShape::new(1, 1, 1, 4, 4, 8, true);
+        assert_eq!(
+            wide.with_window(Some(9)).pairs_per_head(),
+            wide.pairs_per_head()
+        );
+        // Prefill of 6 with window 2: row 0 sees 1 key, every other row 2.
+        let pre = AttentionShape::new(1, 1, 1, 6, 6, 8, true).with_window(Some(2));
+        assert_eq!(pre.pairs_per_head(), 11);
+        for q_len in 1..9 {
+            for extra in 0..5 {
+                for w in 1..15 {
+                    let s = AttentionShape::new(1, 1, 1, q_len, q_len + extra, 8, true)
+                        .with_window(Some(w));
+                    let brute: usize = (0..q_len).map(|i| s.visible_keys(i).len()).sum();
+                    assert_eq!(s.pairs_per_head(), brute as u64, "{}", s.label());
+                }
+            }
+        }
+        // Traffic counts only the K/V rows some query sees.
+        let dec = AttentionShape::new(2, 8, 2, 1, 4096, 128, true);
+        let kv = |s: AttentionShape| s.io_cost(DType::F32).bytes - 2 * 4 * s.q_elems() as u64;
+        assert_eq!(kv(dec.with_window(Some(512))) * 8, kv(dec));
+    }
+
+    #[test]
     fn pair_counts() {
         let s = AttentionShape::new(1, 1, 1, 4, 4, 8, true);
         assert_eq!(s.pairs_per_head(), 10);
         let s = AttentionShape::new(1, 1, 1, 2, 5, 8, true);
         // positions 3 and 4 see 4 and 5 keys.
         assert_eq!(s.pairs_per_head(), 9);
-        assert_eq!(s.keys_seen(0), 4);
+        assert_eq!(s.visible_keys(0), 0..4);
         let s = AttentionShape::new(2, 4, 2, 3, 5, 8, false);
         assert_eq!(s.pairs_per_head(), 15);
         assert_eq!(s.flops(), 4 * 2 * 4 * 8 * 15);
