@@ -74,6 +74,26 @@ fn pytorch_attention_cases_agree() {
 }
 
 #[test]
+fn transformers_sliding_window_softcap_case_agrees() {
+    // transformers' sliding-window mask (Mistral, Gemma-3) and Gemma-2's soft-capped eager
+    // attention, 12 new tokens over 40: every variant, paged included, agrees.
+    let path = repo("tests/cases/hf_sliding_window_softcap.safetensors");
+    let (code, rows) = json_rows(&[&path], &[]);
+    assert_eq!(code, 0, "{rows:#?}");
+    for v in ["naive", "flash2", "paged"] {
+        assert_eq!(status_of(&rows, v), vec!["agree"], "{v}: {rows:#?}");
+    }
+    let stored = rows
+        .iter()
+        .find(|r| r["variant"] == "(stored out)")
+        .unwrap();
+    assert!(
+        stored["note"].as_str().unwrap().contains("within"),
+        "{stored}"
+    );
+}
+
+#[test]
 fn pytorch_paged_case_agrees() {
     let path = repo("tests/cases/paged_decode_sdpa.safetensors");
     let (code, rows) = json_rows(&[&path], &[]);

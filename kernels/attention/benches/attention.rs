@@ -1,6 +1,8 @@
 //! Criterion benches of the CPU attention variants (`naive`, `flash2`): causal GQA prefill
 //! (b1, 32/8 heads, d128, seq 512 and 2048; f32, plus f16 flash2 at 512) and decode
-//! (q_len 1, b8, 32/8 heads, kv 4096). Only `prepared.run` is timed.
+//! (q_len 1, b8, 32/8 heads, kv 4096); and flash2 at a 4096 context with a sliding window of
+//! 512 or a logit soft-cap of 50 against neither (decode as above; prefill b1, 8/2 heads).
+//! Only `prepared.run` is timed.
 
 use std::time::Duration;
 
@@ -103,5 +105,39 @@ fn flash2(c: &mut Criterion) {
     bench_kernel(c, "flash2");
 }
 
-criterion_group!(benches, naive, flash2);
+/// flash2 at a 4096-token context: no options, a 512-token sliding window, a soft-cap of 50.
+fn flash2_options(c: &mut Criterion) {
+    let kernel = kernel("flash2");
+    let mut group = configure(c, "flash2_options");
+    let prefill = AttentionShape::new(1, 8, 2, 4096, 4096, 128, true);
+    for (base, what) in [
+        (decode(), "decode_f32/b8_kv4096"),
+        (prefill, "prefill_f32/h8_4096"),
+    ] {
+        for (shape, name) in [
+            (base, "none"),
+            (base.with_window(Some(512)), "window512"),
+            (base.with_softcap(Some(50.0)), "softcap50"),
+        ] {
+            // Decode: the bytes of the K/V rows some query sees; prefill: the useful FLOPs
+            // (as elements), both of which fall with the window.
+            let throughput = if shape.q_len == 1 {
+                Throughput::Bytes(kernel.cost(&shape, DType::F32).bytes)
+            } else {
+                Throughput::Elements(shape.flops())
+            };
+            bench_case(
+                &mut group,
+                kernel.as_ref(),
+                &format!("{what}/{name}"),
+                &shape,
+                DType::F32,
+                throughput,
+            );
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, naive, flash2, flash2_options);
 criterion_main!(benches);

@@ -1,6 +1,7 @@
 //! Criterion benches of the paged KV cache: paged decode (8 sequences × 4096 tokens, 8 KV
-//! heads, group 4, d128, f32; block sizes 16/32/128, split-KV off and auto) and the append
-//! kernel (16 new tokens of one sequence written into a shuffled block pool).
+//! heads, group 4, d128, f32; block sizes 16/32/128, split-KV off and auto), the same at block
+//! size 16 with a sliding window of 512 or a logit soft-cap of 50 against neither, and the
+//! append kernel (16 new tokens of one sequence written into a shuffled block pool).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -72,6 +73,51 @@ fn bench_paged_decode(c: &mut Criterion) {
     group.finish();
 }
 
+fn bench_window_and_softcap(c: &mut Criterion) {
+    let mut group = configure(c, "paged_decode_options");
+    let mut case = PagedCaseSpec {
+        context_lens: vec![CONTEXT; SEQS],
+        block_size: 16,
+        kv_heads: KV_HEADS,
+        group: GROUP,
+        head_dim: HEAD_DIM,
+        q_len: 1,
+        dtype: DType::F32,
+        spare_blocks: 0,
+        seed: 0x9A6E + 16,
+    }
+    .build()
+    .unwrap();
+    let plain = case.shape;
+    let mut out = Buffer::poisoned(DType::F32, case.q.len());
+    for (options, name) in [
+        (plain, "none"),
+        (plain.with_window(Some(512)), "window512"),
+        (plain.with_softcap(Some(50.0)), "softcap50"),
+    ] {
+        case.shape = options;
+        // Throughput: the K and V rows the window reaches, read once.
+        let seen = options.visible_range(CONTEXT).len();
+        group.throughput(Throughput::Bytes(kv_bytes(seen * SEQS)));
+        for (split, split_name) in [(SplitKv::Off, "off"), (SplitKv::Auto, "auto")] {
+            group.bench_function(format!("bs16/split_{split_name}/{name}"), |b| {
+                b.iter(|| {
+                    paged_decode(
+                        &case.shape,
+                        &case.batch,
+                        &case.pool,
+                        &case.q,
+                        &mut out,
+                        split,
+                    )
+                    .unwrap()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn bench_append(c: &mut Criterion) {
     const NEW: usize = 16;
     // 1020 leaves 4 free slots in the last block at both block sizes below, so the 16 new
@@ -116,5 +162,10 @@ fn bench_append(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_paged_decode, bench_append);
+criterion_group!(
+    benches,
+    bench_paged_decode,
+    bench_window_and_softcap,
+    bench_append
+);
 criterion_main!(benches);

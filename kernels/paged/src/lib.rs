@@ -5,7 +5,10 @@
 //! a KV cache whose blocks are f32, f16, bf16, FP8 E4M3 or int8, uniformly or progressively
 //! (recent tokens wide, aged blocks narrow), read by the same decode kernel.
 //!
-//! Only a sequence's own context is read: NaN in unused pool slots never reaches an output,
+//! Every decode takes a sliding window and a logit soft-cap (`PagedDecodeShape`, as
+//! `attention_kernels::AttentionShape`). Only a sequence's own context is read — with a
+//! window, only the positions it reaches: NaN in unused pool slots, or before the window,
+//! never reaches an output,
 //! a non-finite K or V in the context propagates as in `attention_kernels`; offsets are
 //! computed in usize from u32 block ids (and in size_t in `paged.cu`), so pools past 2^32
 //! elements address correctly.

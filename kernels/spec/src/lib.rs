@@ -4,9 +4,11 @@
 //! and verification — greedy (longest path matching the target's argmax) and stochastic
 //! (multi-candidate recursive rejection sampling, lossless).
 //!
-//! Tree attention propagates a non-finite query to its own node and a non-finite context K/V
-//! to every node (each node sees the context, its ancestors and itself: no row is ever fully
-//! masked). Verification on non-finite scores or probabilities ends and names tokens in the
+//! Tree attention takes a sliding window (in positions: node a sits at ctx + depth(a)) and a
+//! logit soft-cap, as `attention_kernels::AttentionShape` defines them. It propagates a
+//! non-finite query to its own node and a non-finite context K/V to every node whose window
+//! reaches it (each node sees the context and its ancestors within its window, and itself:
+//! no row is ever fully masked). Verification on non-finite scores or probabilities ends and names tokens in the
 //! vocabulary; which ones is unspecified.
 
 /// CUDA tree attention (`spec.cu`).

@@ -306,6 +306,8 @@ impl Llama {
                 kv_heads: cfg.kv_heads,
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+                softcap: None,
             };
             let rows = offsets[i] * qd..(offsets[i] + n) * qd;
             let pool = kv.layers[li].float_pool().ok_or_else(|| {
@@ -353,6 +355,8 @@ impl Llama {
                     head_dim: hd,
                     q_len,
                     scale: 1.0 / (hd as f32).sqrt(),
+                    window: None,
+                    softcap: None,
                 };
                 let mut out = vec![f32::NAN; qh.len()];
                 paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;

@@ -1,6 +1,7 @@
 //! `harness replay` of attention case files (`q`, `k`, `v` as [batch, heads, len, head_dim],
-//! metadata `causal`, `scale`): every attention-shaped variant (attention and paged crates) on
-//! the file's tensors, against the f64 reference and the stored `out`.
+//! metadata `causal`, `scale`, and optionally `window` (a sliding window in positions) and
+//! `softcap` (Gemma-2's logit cap)): every attention-shaped variant (attention and paged
+//! crates) on the file's tensors, against the f64 reference and the stored `out`.
 
 use crate::case_file::CaseFile;
 use crate::case_job::{
@@ -68,6 +69,18 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     if let Some(s) = case.positive("scale")? {
         shape.scale = s;
     }
+    let window = match case.positive("window")? {
+        Some(w) if w.fract() == 0.0 && w <= (1u32 << 24) as f32 => Some(w as usize),
+        Some(w) => {
+            return Err(case.error(format!(
+                "metadata window='{w}' is not a whole number of positions"
+            )))
+        }
+        None => None,
+    };
+    shape = shape
+        .with_window(window)
+        .with_softcap(case.positive("softcap")?);
     shape.validate().map_err(|e| case.error(e))?;
     let inputs = Arc::new(AttentionInputs {
         q: case.buffer("q", q)?,
