@@ -2,11 +2,12 @@
 //! Hugging Face checkpoint directory (`hf`) or a random preset name (`presets`) — and returns
 //! the model built through `source::build` with the source's tokenizer, if it has one.
 
-use crate::model::gguf::{gguf_config, Gguf};
+use crate::model::arch::{self, Naming};
+use crate::model::gguf::Gguf;
 use crate::model::hf::HfCheckpoint;
-use crate::model::llama::{Llama, Result};
+use crate::model::llama::{Llama, LlamaConfig, Result};
 use crate::model::presets::random_model;
-use crate::model::source::{build, LoadOptions, Naming};
+use crate::model::source::{build, LoadOptions};
 use crate::model::tokenizer::TextTokenizer;
 use std::path::Path;
 
@@ -41,10 +42,27 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
 
 /// The model and tokenizer of a parsed GGUF file.
 pub fn load_gguf(g: &Gguf, opts: &LoadOptions) -> Result<Loaded> {
-    let model = build(gguf_config(g)?, g, Naming::Gguf, false, opts)?;
+    let model = build(&arch::from_gguf(g)?, g, Naming::Gguf, opts)?;
     Ok(Loaded {
         model,
         tokenizer: Some(TextTokenizer::from_gguf(g)?),
         source: g.path.display().to_string(),
     })
+}
+
+/// The shape of a GGUF file of any architecture in the table.
+pub fn gguf_config(g: &Gguf) -> Result<LlamaConfig> {
+    Ok(arch::from_gguf(g)?.cfg)
+}
+
+impl Llama {
+    /// Loads `g` (its architecture from `general.architecture`); `attention` is an attention
+    /// variant spec.
+    pub fn from_gguf(g: &Gguf, attention: &str) -> Result<Llama> {
+        let opts = LoadOptions {
+            attention: attention.into(),
+            ..LoadOptions::default()
+        };
+        build(&arch::from_gguf(g)?, g, Naming::Gguf, &opts)
+    }
 }
