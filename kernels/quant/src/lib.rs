@@ -1,6 +1,7 @@
 //! Group quantisation of weight matrices and the products that read them: symmetric and
-//! asymmetric int2–8 groups (claims C16–C18), ggml's Q8_0/Q4_0/Q4_1 blocks byte for byte as
-//! llama.cpp writes them, and Y = X·Wᵀ fused with dequantisation (GEMV at batch 1, tiled GEMM
+//! asymmetric int2–8 groups (claims C16–C18), ggml's blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//! IQ4_NL, the K-quants Q2_K..Q6_K and Q8_K, bf16) byte for byte as llama.cpp writes them,
+//! and Y = X·Wᵀ fused with dequantisation (GEMV at batch 1, tiled GEMM
 //! above) against f32 and f16 weight baselines, with an f64 reference.
 //!
 //! Non-finite weights are refused when stored (the first one named); a NaN or ±Inf in an
@@ -18,10 +19,16 @@ pub mod avx2;
 pub mod avx512;
 /// Weight formats and byte layouts.
 pub mod format;
-/// ggml Q8_0/Q4_0/Q4_1 block codecs.
+/// ggml Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block codecs and bf16.
 pub mod ggml;
+/// ggml type ids and names.
+pub mod ggml_types;
 /// Symmetric/asymmetric b-bit groups and LSB-first bit packing.
 pub mod group;
+/// ggml IQ4_NL (non-linear 4-bit table) codec.
+pub mod iq4nl;
+/// ggml K-quant codecs (Q2_K..Q6_K, Q8_K) and the scale searches they share.
+pub mod kquants;
 /// A weight matrix in some format: quantise, adopt bytes, decode.
 pub mod matrix;
 /// Fused dequant GEMV/GEMM and the unfused baseline.
@@ -36,10 +43,15 @@ pub mod portable;
 pub mod prepared;
 /// The f64 reference product.
 pub mod reference;
+/// The f64 dequantiser of every ggml block, field by field.
+pub mod reference_blocks;
+/// The codes + per-16 (a, b) form the new ggml codecs decode through.
+pub mod unpack;
 /// Random weights (Gaussian, outlier channels) for checks and experiments.
 pub mod weights;
 
 pub use format::{ScaleType, WeightFormat};
+pub use ggml_types::ggml_type_name;
 pub use kernel_cpu::Isa;
 pub use matrix::{QuantError, QuantMatrix};
 pub use matvec::{activation_as_seen, matmul, supports, MatVecVariant};

@@ -4,6 +4,7 @@
 //! checking their length; decoding is per block with exactly the format's arithmetic.
 
 use crate::format::WeightFormat;
+use crate::unpack::{self, with_codec, Codec};
 use crate::{ggml, group};
 use half::f16;
 use kernel_common::{error::Result, KernelError};
@@ -18,18 +19,31 @@ pub struct QuantMatrix {
     data: Vec<u8>,
 }
 
-/// Encodes one block of `format.block_values()` values.
-pub fn encode_block(format: WeightFormat, x: &[f32], codes: &mut [u8], out: &mut [u8]) {
+/// Encodes one block of `format.block_values()` finite values into `out`; `codes` is scratch
+/// of the block's length. `Err(s)`: the block needs a scale or value `s` that its f16 (bf16)
+/// field cannot hold.
+pub fn encode_block(
+    format: WeightFormat,
+    x: &[f32],
+    codes: &mut [u8],
+    out: &mut [u8],
+) -> std::result::Result<(), f32> {
+    if let Some(s) = check_block_range(format, x) {
+        return Err(s);
+    }
     match format {
         WeightFormat::F32 => out[..4].copy_from_slice(&x[0].to_le_bytes()),
         WeightFormat::F16 => out[..2].copy_from_slice(&f16::from_f32(x[0]).to_bits().to_le_bytes()),
+        WeightFormat::BF16 => out[..2].copy_from_slice(&ggml::bf16_bits(x[0]).to_le_bytes()),
         WeightFormat::Q8_0 => ggml::encode_q8_0(x, out),
         WeightFormat::Q4_0 => ggml::encode_q4_0(x, out),
         WeightFormat::Q4_1 => ggml::encode_q4_1(x, out),
         WeightFormat::Sym { .. } | WeightFormat::Asym { .. } => {
             group::encode_group(format, x, codes, out)
         }
+        f => return with_codec!(f, C => C::encode(x, out), _ => unreachable!("{f} has a codec")),
     }
+    Ok(())
 }
 
 /// Decodes one block into `out` (`format.block_values()` values); `codes` is scratch of the
@@ -38,21 +52,26 @@ pub fn decode_block(format: WeightFormat, b: &[u8], codes: &mut [u8], out: &mut 
     match format {
         WeightFormat::F32 => out[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         WeightFormat::F16 => out[0] = ggml::f16_at(b),
+        WeightFormat::BF16 => out[0] = ggml::bf16_at(b),
         WeightFormat::Q8_0 => ggml::decode_q8_0(b, out),
         WeightFormat::Q4_0 => ggml::decode_q4_0(b, out),
         WeightFormat::Q4_1 => ggml::decode_q4_1(b, out),
         WeightFormat::Sym { .. } | WeightFormat::Asym { .. } => {
             group::decode_group(format, b, codes, out)
         }
+        f => with_codec!(f, C => unpack::decode::<C>(b, out), _ => unreachable!("{f} has a codec")),
     }
 }
 
-/// Why a block cannot be stored: a scale or value outside f16's range.
+/// Why a block of a format without a checking encoder cannot be stored: a scale or value
+/// outside f16's (bf16's) range. The codecs of `unpack` check their own scales.
 fn check_block_range(format: WeightFormat, x: &[f32]) -> Option<f32> {
     let over = |v: f32| v.abs() > ggml::F16_MAX;
     match format {
-        WeightFormat::F32 => None,
         WeightFormat::F16 => over(x[0]).then_some(x[0]),
+        WeightFormat::BF16 => ggml::bf16_at(&ggml::bf16_bits(x[0]).to_le_bytes())
+            .is_infinite()
+            .then_some(x[0]),
         WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
             ggml::block_scales(format, x).into_iter().find(|&s| over(s))
         }
@@ -60,6 +79,7 @@ fn check_block_range(format: WeightFormat, x: &[f32]) -> Option<f32> {
             let s = group::raw_scale(format, x);
             (scale == crate::format::ScaleType::F16 && over(s)).then_some(s)
         }
+        _ => None,
     }
 }
 
@@ -90,12 +110,16 @@ impl QuantMatrix {
             .try_for_each(|(r, (out, x))| {
                 let mut codes = vec![0u8; bv];
                 for (k, (ob, xb)) in out.chunks_mut(bb).zip(x.chunks(bv)).enumerate() {
-                    if let Some(s) = check_block_range(format, xb) {
-                        return Err(KernelError::Unsupported(format!(
-                            "{format}: row {r} block {k} needs a scale/value of {s:e}, beyond f16's ±65504 (use an s32 scale or f32)"
-                        )));
-                    }
-                    encode_block(format, xb, &mut codes, ob);
+                    encode_block(format, xb, &mut codes, ob).map_err(|s| {
+                        let limit = if format == WeightFormat::BF16 {
+                            "bf16's ±3.39e38"
+                        } else {
+                            "f16's ±65504"
+                        };
+                        KernelError::Unsupported(format!(
+                            "{format}: row {r} block {k} needs a scale/value of {s:e}, beyond {limit} (use an s32 scale or f32)"
+                        ))
+                    })?;
                 }
                 Ok(())
             })?;

@@ -1,10 +1,15 @@
 //! Byte-exactness against the reference encoder: the committed vectors in tests/data were
-//! written by the `gguf` package's quantisers (llama.cpp's Python port; see make_vectors.py).
+//! written by the `gguf` package's quantisers (llama.cpp's Python port; see make_vectors.py):
+//! Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and BF16. (The K-quants and IQ4_NL, which gguf does not
+//! quantise, are checked against llama-quantize in llama_vectors.rs.)
 //! Our encoder must produce the same bytes, our decoder the same floats, and the fused GEMV on
 //! those bytes must match the f64 product of gguf's dequantised weights.
 
 use quant_kernels::{matmul, reference, MatVecVariant, QuantMatrix, WeightFormat};
 use safetensors::{Dtype, SafeTensors};
+
+/// The formats `gguf.quants` quantises.
+const GGUF: [&str; 6] = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "bf16"];
 
 struct Vector {
     format: WeightFormat,
@@ -52,7 +57,7 @@ fn load(name: &str) -> Vector {
 
 #[test]
 fn encoder_and_decoder_match_gguf_byte_for_byte() {
-    for name in ["q8_0", "q4_0", "q4_1"] {
+    for name in GGUF {
         let v = load(name);
         assert_eq!(v.format.to_string(), name);
         let m = QuantMatrix::quantize(v.format, v.rows, v.cols, &v.x).unwrap();
@@ -80,7 +85,7 @@ fn encoder_and_decoder_match_gguf_byte_for_byte() {
 
 #[test]
 fn fused_gemv_on_gguf_bytes_matches_reference() {
-    for name in ["q8_0", "q4_0", "q4_1"] {
+    for name in GGUF {
         let v = load(name);
         let m = QuantMatrix::from_bytes(v.format, v.rows, v.cols, v.q.clone()).unwrap();
         let x: Vec<f32> = (0..v.cols)

@@ -57,13 +57,14 @@ fn matmul() -> String {
 /// A row: the shared head, these columns, the note.
 pub type QuantRow = Row<QuantCols>;
 
-/// `dense`, `ggml`, `sym g32`, `asym g128`.
+/// `dense`, `ggml` (the 32-value blocks), `ggml k` (the K-quants), `sym g32`, `asym g128`.
 pub fn scheme(f: WeightFormat) -> String {
     match f {
-        WeightFormat::F32 | WeightFormat::F16 => "dense".into(),
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => "ggml".into(),
         WeightFormat::Sym { group, .. } => format!("sym g{group}"),
         WeightFormat::Asym { group, .. } => format!("asym g{group}"),
+        f if f.is_k_quant() => "ggml k".into(),
+        f if f.is_ggml() => "ggml".into(),
+        _ => "dense".into(),
     }
 }
 

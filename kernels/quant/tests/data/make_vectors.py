@@ -7,7 +7,10 @@ Third-party encoder: the `gguf` package (llama.cpp's Python port of ggml-quants.
 
 Each file is a safetensors case (the schema `harness replay` reads): tensors `x` (f32 rows),
 `q` (u8, the packed blocks gguf wrote) and `out` (f32, gguf's dequantisation of `q`);
-metadata family=quant, format, generator.
+metadata family=quant, format, generator. gguf quantises Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+BF16 (the K-quants and IQ4_NL it only dequantises: their vectors come from llama-quantize,
+make_llama_vectors.py). The three first files predate the others and stay byte-identical:
+a rerun writes the same tensors, though safetensors may order the metadata keys otherwise.
 """
 import numpy as np
 import gguf
@@ -27,7 +30,8 @@ x[5, :] *= 1e-3                 # tiny values (f16 subnormal scales)
 x[6, 3::17] *= 25.0             # outlier channels
 x[7, 0:32] = np.linspace(-1, 1, 32, dtype=np.float32)  # exact ties at .5 steps
 
-for name, qt in [("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_1", T.Q4_1)]:
+for name, qt in [("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_1", T.Q4_1),
+                 ("q5_0", T.Q5_0), ("q5_1", T.Q5_1), ("bf16", T.BF16)]:
     q = quantize(x, qt)
     out = dequantize(q, qt).astype(np.float32)
     save_file(
