@@ -140,6 +140,26 @@ fn llama3_rope_and_biases_match_transformers() {
 }
 
 #[test]
+fn mistral_sliding_window_matches_transformers() {
+    check_against_transformers("hf_mistral");
+}
+
+#[test]
+fn qwen2_biases_yarn_and_windowed_layers_match_transformers() {
+    check_against_transformers("hf_qwen2");
+}
+
+#[test]
+fn gemma3_matches_transformers() {
+    check_against_transformers("hf_gemma3");
+}
+
+#[test]
+fn phi3_fused_projections_and_longrope_match_transformers() {
+    check_against_transformers("hf_phi3");
+}
+
+#[test]
 fn sharded_mixtral_matches_transformers() {
     check_against_transformers("hf_mixtral");
 }
@@ -189,6 +209,48 @@ fn transformers_4_config_style_loads_the_same_model() {
     let want = &expected("hf_llama3")[1];
     let m = load(dir.to_str().unwrap(), &opts("flash2")).unwrap().model;
     assert_eq!(m.greedy(&want.ids, 24, None).unwrap(), want.greedy);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Gemma-3's transformers-4 config (`rope_theta`, `rope_local_base_freq`, `rope_scaling`,
+/// `sliding_window_pattern`, no `layer_types`) is the same model as its transformers-5 one.
+#[test]
+fn gemma3_transformers_4_config_loads_the_same_model() {
+    let dir = scratch_copy("hf_gemma3", "gemma3-v4");
+    edit_config(&dir, |v| {
+        let o = v.as_object_mut().unwrap();
+        let rp = o.remove("rope_parameters").unwrap();
+        o.remove("layer_types");
+        o.remove("_sliding_window_pattern");
+        o.insert("sliding_window_pattern".into(), 6.into());
+        o.insert(
+            "rope_theta".into(),
+            rp["full_attention"]["rope_theta"].clone(),
+        );
+        o.insert(
+            "rope_local_base_freq".into(),
+            rp["sliding_attention"]["rope_theta"].clone(),
+        );
+        o.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "linear", "factor": rp["full_attention"]["factor"]}),
+        );
+    });
+    let want = &expected("hf_gemma3")[2];
+    let m = load(dir.to_str().unwrap(), &opts("flash2")).unwrap().model;
+    assert_eq!(m.greedy(&want.ids, 24, None).unwrap(), want.greedy);
+    let windows: Vec<_> = m.layers.iter().map(|l| (l.window, l.rope)).collect();
+    assert_eq!(
+        windows,
+        [
+            (Some(8), 1),
+            (Some(8), 1),
+            (Some(8), 1),
+            (Some(8), 1),
+            (Some(8), 1),
+            (None, 0)
+        ]
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

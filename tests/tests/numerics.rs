@@ -444,6 +444,8 @@ fn tree_attention_and_verification_stay_in_bounds_on_non_finite_input() {
         kv_heads: 2,
         head_dim: 16,
         scale: 0.25,
+        window: None,
+        softcap: None,
     };
     let mut q = kernel_common::inputs::normal_f32(&mut r, 5 * 4 * 16, 1.0);
     // NaN in the query of node 2 (head 1), and +Inf in the context's K at position 6, head 1.

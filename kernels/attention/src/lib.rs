@@ -6,8 +6,11 @@
 //! non-finite, one in K the rows that see that key; one in V the rows that see that key in
 //! that dimension — and, because a masked probability is exactly 0 and 0·NaN = NaN, the
 //! masked rows that share the key's tile (as in FlashAttention and PyTorch's math backend;
-//! the reference keeps them clean). Softmaxes are max-shifted, so logits of ±1e4 are exact up
-//! to f32 rounding; every row sees at least one key (causal needs q_len ≤ kv_len).
+//! the reference keeps them clean). Keys no row of a tile sees — before the first row's
+//! sliding window — are never read, so nothing there leaks. Soft-capping maps an infinite
+//! score to ±cap (tanh's limits), in the reference too. Softmaxes are max-shifted, so logits
+//! of ±1e4 are exact up to f32 rounding; every row sees at least one key (causal needs
+//! q_len ≤ kv_len, and a window is ≥ 1: the key at the row's own position).
 
 /// Optimised CPU variants: naive materialised-scores attention and FlashAttention-2 tiling.
 pub mod cpu;

@@ -1,5 +1,6 @@
-//! The f64 oracle: for each query row, materialise every score s_j = scale·q·k_j in f64,
-//! mask by causal position, take an exact softmax (max-shifted) and the weighted sum of v.
+//! The f64 oracle: for each query row, materialise the score s_j = scale·q·k_j in f64 of
+//! every key it sees (causal horizon and sliding window), soft-cap it (cap · tanh(s / cap))
+//! when asked, take an exact softmax (max-shifted) and the weighted sum of v.
 //! Never optimised; rows may be evaluated one by one so big cases can be spot-checked.
 
 use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
@@ -14,6 +15,17 @@ pub type QueryRow = (usize, usize, usize);
 /// Elements `start..start+len` of `buf` widened to f64.
 fn slice_f64(buf: &Buffer, start: usize, len: usize) -> Vec<f64> {
     with_buffer!(buf, v => v[start..start + len].iter().map(|x| x.to_f32() as f64).collect())
+}
+
+/// A score after the optional logit soft-cap, in f64: cap · tanh(s / cap), or `s`.
+pub fn softcap(softcap: Option<f32>, s: f64) -> f64 {
+    match softcap {
+        Some(cap) => {
+            let cap = cap as f64;
+            cap * (s / cap).tanh()
+        }
+        None => s,
+    }
 }
 
 /// The reference output of the given query rows, `head_dim` values per row, in row order.
@@ -32,18 +44,20 @@ pub fn attention_rows(
                 d,
             );
             let kv_base = (b * shape.kv_heads + kvh) * shape.kv_len * d;
-            let seen = shape.keys_seen(i);
-            let scores: Vec<f64> = (0..seen)
+            let seen = shape.visible_keys(i);
+            let scores: Vec<f64> = seen
+                .clone()
                 .map(|j| {
                     let k = slice_f64(&inputs.k, kv_base + j * d, d);
-                    shape.scale as f64 * q.iter().zip(&k).map(|(a, b)| a * b).sum::<f64>()
+                    let s = shape.scale as f64 * q.iter().zip(&k).map(|(a, b)| a * b).sum::<f64>();
+                    softcap(shape.softcap, s)
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let l: f64 = p.iter().sum();
             let mut out = vec![0.0f64; d];
-            for (j, pj) in p.iter().enumerate() {
+            for (j, pj) in seen.zip(&p) {
                 let v = slice_f64(&inputs.v, kv_base + j * d, d);
                 for (o, vv) in out.iter_mut().zip(&v) {
                     *o += pj * vv;

@@ -1,12 +1,24 @@
 //! `AttentionShape`: batch, query/KV heads (MHA when equal, GQA when kv_heads divides
-//! q_heads, MQA when 1), query and key lengths, head_dim, causal flag and softmax scale;
-//! validated once, plus the FLOP and byte counts the roofline uses.
+//! q_heads, MQA when 1), query and key lengths, head_dim, causal flag, softmax scale, sliding
+//! window (Mistral, Gemma-3's local layers) and logit soft-cap (Gemma-2); validated once, plus
+//! the FLOP and byte counts the roofline uses.
 
 use kernel_common::error::Result;
 use kernel_common::{Cost, DType, KernelError};
+use std::ops::Range;
 
 /// One attention problem. Causal attention with `q_len < kv_len` is the append/decode case:
 /// query `i` sits at absolute position `kv_len - q_len + i` and sees keys `0..=` that position.
+///
+/// Sliding window (`window = Some(w)`, causal only): a query at absolute position p sees key
+/// position j iff j ≤ p and p − j < w — the last w positions, itself included. This is
+/// Hugging Face transformers' `sliding_window_overlay` (`kv_idx > q_idx - sliding_window`,
+/// and-ed with the causal mask; Mistral, Gemma-3) and llama.cpp's `LLAMA_SWA_TYPE_STANDARD`
+/// (`is_masked_swa`: masked iff p − j ≥ n_swa). A window ≥ p + 1 is plain causal attention.
+///
+/// Soft-capping (`softcap = Some(cap)`, Gemma-2's `attn_logit_softcapping`): each score
+/// becomes s' = cap · tanh(s · scale / cap) — scale first, then the cap, then the mask and
+/// the softmax.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionShape {
     pub batch: usize,
@@ -18,6 +30,10 @@ pub struct AttentionShape {
     pub causal: bool,
     /// Softmax scale applied to q·k (usually 1/√head_dim).
     pub scale: f32,
+    /// Sliding window in positions (causal only): key j is seen from position p iff p − j < w.
+    pub window: Option<usize>,
+    /// Logit soft-cap: scores become cap · tanh(scale · q·k / cap) before mask and softmax.
+    pub softcap: Option<f32>,
 }
 
 impl AttentionShape {
@@ -40,7 +56,19 @@ impl AttentionShape {
             head_dim,
             causal,
             scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+            window: None,
+            softcap: None,
         }
+    }
+
+    /// The same shape with a sliding window (`None`: every causal key).
+    pub fn with_window(self, window: Option<usize>) -> AttentionShape {
+        AttentionShape { window, ..self }
+    }
+
+    /// The same shape with a logit soft-cap (`None`: plain scores).
+    pub fn with_softcap(self, softcap: Option<f32>) -> AttentionShape {
+        AttentionShape { softcap, ..self }
     }
 
     /// Checks every field once so variants never have to.
@@ -76,6 +104,10 @@ impl AttentionShape {
                 self.scale
             ));
         }
+        validate_window_softcap(self.window, self.softcap)?;
+        if self.window.is_some() && !self.causal {
+            return bad("a sliding window needs causal attention".into());
+        }
         let q = [self.batch, self.q_heads, self.q_len, self.head_dim];
         let kv = [self.batch, self.kv_heads, self.kv_len, self.head_dim];
         for dims in [q, kv] {
@@ -110,23 +142,39 @@ impl AttentionShape {
         self.kv_len - self.q_len + i
     }
 
-    /// Number of keys query row `i` attends to.
-    pub fn keys_seen(&self, i: usize) -> usize {
+    /// The keys query row `i` attends to: `first..=pos` under causal (first = pos + 1 − w
+    /// with a window, else 0), every key otherwise.
+    pub fn visible_keys(&self, i: usize) -> Range<usize> {
         if self.causal {
-            self.q_pos(i) + 1
+            let end = self.q_pos(i) + 1;
+            window_start(end, self.window)..end
         } else {
-            self.kv_len
+            0..self.kv_len
         }
     }
 
     /// Unmasked (query, key) pairs per head.
     pub fn pairs_per_head(&self) -> u64 {
         let (lq, lk) = (self.q_len as u64, self.kv_len as u64);
-        if self.causal {
-            lq * (lk - lq) + lq * (lq + 1) / 2
-        } else {
-            lq * lk
+        if !self.causal {
+            return lq * lk;
         }
+        // Row i sees min(pos + 1, w) keys; pos + 1 runs over lk − lq + 1 ..= lk.
+        let w = self.window.map_or(lk, |w| (w as u64).min(lk));
+        let (lo, hi) = (lk - lq + 1, lk);
+        let tri_end = hi.min(w);
+        let tri = if tri_end >= lo {
+            (lo + tri_end) * (tri_end - lo + 1) / 2
+        } else {
+            0
+        };
+        tri + (hi - tri_end.max(lo - 1)) * w
+    }
+
+    /// Keys some query row sees (per KV head): the last `kv_len − first` of them, `first`
+    /// being the first row's window start; every key when not causal or without a window.
+    pub fn kv_needed(&self) -> usize {
+        self.kv_len - self.visible_keys(0).start
     }
 
     /// Useful FLOPs: 2·d for q·k and 2·d for p·v per unmasked pair, every head.
@@ -134,28 +182,69 @@ impl AttentionShape {
         4 * (self.batch * self.q_heads * self.head_dim) as u64 * self.pairs_per_head()
     }
 
-    /// Compulsory traffic: read q, k, v once and write the output once.
+    /// Compulsory traffic: read q once, the K and V rows some query sees once (all of them
+    /// without a window), and write the output once.
     pub fn io_cost(&self, dtype: DType) -> Cost {
-        let elems = 2 * self.q_elems() + 2 * self.kv_elems();
+        let kv_read = self.batch * self.kv_heads * self.kv_needed() * self.head_dim;
+        let elems = 2 * self.q_elems() + 2 * kv_read;
         Cost {
             bytes: (elems * dtype.size()) as u64,
             flops: self.flops(),
         }
     }
 
-    /// Short label for tables (`b8 h32/8 q1 kv4096 d128 causal`).
+    /// Short label for tables (`b8 h32/8 q1 kv4096 d128 causal`, then ` win512`, ` cap50`
+    /// when set).
     pub fn label(&self) -> String {
         format!(
-            "b{} h{}/{} q{} kv{} d{}{}",
+            "b{} h{}/{} q{} kv{} d{}{}{}",
             self.batch,
             self.q_heads,
             self.kv_heads,
             self.q_len,
             self.kv_len,
             self.head_dim,
-            if self.causal { " causal" } else { "" }
+            if self.causal { " causal" } else { "" },
+            options_label(self.window, self.softcap)
         )
     }
+}
+
+/// First key position a query whose causal horizon ends at `end` (exclusive) sees under
+/// `window`: `end − w`, or 0 without a window or when the window reaches back past key 0.
+#[inline]
+pub fn window_start(end: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| end.saturating_sub(w))
+}
+
+/// The checks every descriptor with these two options shares: a window is ≥ 1 and a cap
+/// finite and > 0.
+pub fn validate_window_softcap(window: Option<usize>, softcap: Option<f32>) -> Result<()> {
+    if window == Some(0) {
+        return Err(KernelError::InvalidShape(
+            "sliding window must be >= 1 position (None for no window)".into(),
+        ));
+    }
+    if let Some(cap) = softcap {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(KernelError::InvalidShape(format!(
+                "logit soft-cap must be finite and > 0, got {cap}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// ` win{w}` and ` cap{c}` for the options that are set (empty when neither is).
+pub fn options_label(window: Option<usize>, softcap: Option<f32>) -> String {
+    let mut s = String::new();
+    if let Some(w) = window {
+        s.push_str(&format!(" win{w}"));
+    }
+    if let Some(c) = softcap {
+        s.push_str(&format!(" cap{c}"));
+    }
+    s
 }
 
 #[cfg(test)]
@@ -184,13 +273,68 @@ mod tests {
     }
 
     #[test]
+    fn window_and_softcap_validation() {
+        let causal = AttentionShape::new(1, 4, 2, 3, 10, 16, true);
+        assert!(causal.with_window(Some(1)).validate().is_ok());
+        assert!(causal.with_window(Some(10_000)).validate().is_ok());
+        assert!(causal.with_softcap(Some(50.0)).validate().is_ok());
+        let err = |s: AttentionShape| s.validate().unwrap_err().to_string();
+        assert!(err(causal.with_window(Some(0))).contains("sliding window must be >= 1"));
+        let cross = AttentionShape::new(1, 4, 2, 3, 10, 16, false);
+        assert!(err(cross.with_window(Some(4))).contains("needs causal"));
+        for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(
+                err(causal.with_softcap(Some(cap))).contains("soft-cap"),
+                "{cap}"
+            );
+        }
+        assert_eq!(
+            causal.with_window(Some(4)).with_softcap(Some(50.0)).label(),
+            "b1 h4/2 q3 kv10 d16 causal win4 cap50"
+        );
+    }
+
+    #[test]
+    fn windowed_rows_see_the_last_w_positions() {
+        // Rows at positions 7, 8, 9 with a window of 3: keys 5..=7, 6..=8, 7..=9.
+        let s = AttentionShape::new(1, 1, 1, 3, 10, 8, true).with_window(Some(3));
+        assert_eq!(s.visible_keys(0), 5..8);
+        assert_eq!(s.visible_keys(2), 7..10);
+        assert_eq!(s.kv_needed(), 5);
+        assert_eq!(s.pairs_per_head(), 9);
+        // A window longer than the context is plain causal attention.
+        let wide = AttentionShape::new(1, 1, 1, 4, 4, 8, true);
+        assert_eq!(
+            wide.with_window(Some(9)).pairs_per_head(),
+            wide.pairs_per_head()
+        );
+        // Prefill of 6 with window 2: row 0 sees 1 key, every other row 2.
+        let pre = AttentionShape::new(1, 1, 1, 6, 6, 8, true).with_window(Some(2));
+        assert_eq!(pre.pairs_per_head(), 11);
+        for q_len in 1..9 {
+            for extra in 0..5 {
+                for w in 1..15 {
+                    let s = AttentionShape::new(1, 1, 1, q_len, q_len + extra, 8, true)
+                        .with_window(Some(w));
+                    let brute: usize = (0..q_len).map(|i| s.visible_keys(i).len()).sum();
+                    assert_eq!(s.pairs_per_head(), brute as u64, "{}", s.label());
+                }
+            }
+        }
+        // Traffic counts only the K/V rows some query sees.
+        let dec = AttentionShape::new(2, 8, 2, 1, 4096, 128, true);
+        let kv = |s: AttentionShape| s.io_cost(DType::F32).bytes - 2 * 4 * s.q_elems() as u64;
+        assert_eq!(kv(dec.with_window(Some(512))) * 8, kv(dec));
+    }
+
+    #[test]
     fn pair_counts() {
         let s = AttentionShape::new(1, 1, 1, 4, 4, 8, true);
         assert_eq!(s.pairs_per_head(), 10);
         let s = AttentionShape::new(1, 1, 1, 2, 5, 8, true);
         // positions 3 and 4 see 4 and 5 keys.
         assert_eq!(s.pairs_per_head(), 9);
-        assert_eq!(s.keys_seen(0), 4);
+        assert_eq!(s.visible_keys(0), 0..4);
         let s = AttentionShape::new(2, 4, 2, 3, 5, 8, false);
         assert_eq!(s.pairs_per_head(), 15);
         assert_eq!(s.flops(), 4 * 2 * 4 * 8 * 15);

@@ -2,10 +2,10 @@
 //! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, warp shuffles and the
 //! m16n8k16 MMA from its fragment layout),
 //! against the same f64 references the CPU variants answer to, with launch shapes from the
-//! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
+//! host-side plans and NaN-poisoned outputs, with sliding windows and soft-capping. No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
-use attention_kernels::cuda::{plan, CudaAlgo, FLASH2_BLOCK_ROWS};
+use attention_kernels::cuda::{device_options, plan, CudaAlgo, FLASH2_BLOCK_ROWS};
 use attention_kernels::reference::attention;
 use attention_kernels::{AttentionInputs, AttentionShape};
 use kernel_common::inputs::derive_seed;
@@ -26,6 +26,18 @@ fn attention_naive_and_flash2_match_the_reference() {
         AttentionShape::new(1, 4, 1, 33, 97, 64, false),
         AttentionShape::new(1, 2, 1, 5, 200, 128, true),
         AttentionShape::new(1, 2, 2, 129, 129, 128, true),
+        // Sliding windows shorter than a tile (three query blocks), across tiles, past the
+        // context, of 1; caps tight and Gemma-2's, with and without a window.
+        AttentionShape::new(1, 2, 1, 130, 130, 64, true).with_window(Some(5)),
+        AttentionShape::new(1, 2, 2, 1, 200, 128, true).with_window(Some(63)),
+        AttentionShape::new(1, 2, 1, 70, 150, 64, true)
+            .with_window(Some(100))
+            .with_softcap(Some(1.5)),
+        AttentionShape::new(1, 1, 1, 33, 40, 128, true)
+            .with_window(Some(45))
+            .with_softcap(Some(50.0)),
+        AttentionShape::new(1, 1, 1, 20, 97, 64, false).with_softcap(Some(0.7)),
+        AttentionShape::new(1, 1, 1, 65, 65, 128, true).with_window(Some(1)),
     ];
     for (i, shape) in shapes.iter().enumerate() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -63,6 +75,9 @@ fn attention_naive_and_flash2_match_the_reference() {
                             args.push(ints(s.head_dim));
                         }
                         args.extend([Arg::I32(s.causal as i32), Arg::F32(s.scale)]);
+                        let (window, softcap) =
+                            device_options(s.window, s.softcap, s.kv_len).expect("a small window");
+                        args.extend([Arg::I32(window), Arg::F32(softcap)]);
                     } else if l.entry.starts_with("naive_pv") {
                         args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
                         args.extend([ints(s.kv_len), ints(s.head_dim)]);
@@ -87,7 +102,9 @@ fn attention_naive_and_flash2_match_the_reference() {
 fn planted_bugs_fail_the_emulated_check() {
     // Each bug kernels/CUDA.md says this test catches, planted in attention.cu and run in a
     // child process: swapped V rows in flash2's P·V, each tile barrier of flash2 and flash2p
-    // removed, V read by ldmatrix without .trans. (The test passing unmutated is the test.)
+    // removed, V read by ldmatrix without .trans, the sliding-window bound off by one, the
+    // key loop started one key late, the soft-cap skipped. (The test passing unmutated is
+    // the test.)
     if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
         return;
     }
@@ -95,5 +112,5 @@ fn planted_bugs_fail_the_emulated_check() {
         "attention.cu",
         "attention_naive_and_flash2_match_the_reference",
     );
-    assert_eq!(caught.len(), 6);
+    assert_eq!(caught.len(), 9);
 }

@@ -1,8 +1,10 @@
 //! Property tests: every attention variant equals the f64 reference on random shapes, tile
-//! sizes and dtypes, with outputs poisoned first; GQA equals MHA on K/V heads repeated per
-//! group, bit for bit;
-//! a batch row's result does not depend on its neighbours. Every check runs at each ISA tier
-//! this machine has (avx512, avx2, portable).
+//! sizes and dtypes, with sliding windows smaller than, equal to and larger than the tiles
+//! and the context, soft-capping on and off, outputs poisoned first; GQA equals MHA on K/V
+//! heads repeated per group, bit for bit; a batch row's result does not depend on its
+//! neighbours; keys outside every window are never read (NaN there does not leak) and
+//! flash2's key tiles fall with the window. Every check runs at each ISA tier this machine
+//! has (avx512, avx2, portable).
 
 use attention_kernels::reference::attention;
 use attention_kernels::{kernel_from_spec, AttentionInputs, AttentionKernel, AttentionShape};
@@ -69,6 +71,47 @@ fn shapes() -> impl Strategy<Value = AttentionShape> {
         )
 }
 
+/// A window for `shape` (causal only; `tile` is the variant's key tile): none, 1, 2, tile − 1,
+/// tile, kv_len − 1, kv_len or kv_len + 5, by `pick`.
+fn window(shape: &AttentionShape, tile: usize, pick: usize) -> Option<usize> {
+    if !shape.causal {
+        return None;
+    }
+    let lk = shape.kv_len;
+    [
+        None,
+        Some(1),
+        Some(2),
+        Some(tile.max(2) - 1),
+        Some(tile),
+        Some(lk.max(2) - 1),
+        Some(lk),
+        Some(lk + 5),
+    ][pick % 8]
+}
+
+/// No cap, or one from tight (most scores saturate) to Gemma-2's 50.
+fn softcaps() -> impl Strategy<Value = Option<f32>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(50.0f32)),
+        (0.3f32..8.0).prop_map(Some)
+    ]
+}
+
+/// Keys and values NaN at every position no query row sees (before the first row's window).
+fn poison_outside_windows(shape: &AttentionShape, inputs: &mut AttentionInputs) {
+    let first = shape.visible_keys(0).start;
+    let d = shape.head_dim;
+    for buf in [&mut inputs.k, &mut inputs.v] {
+        let mut x = buf.to_f32();
+        for head in x.chunks_mut(shape.kv_len * d) {
+            head[..first * d].fill(f32::NAN);
+        }
+        *buf = Buffer::from_f32(buf.dtype(), &x);
+    }
+}
+
 fn dtypes() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)]
 }
@@ -77,14 +120,36 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn flash2_equals_reference(shape in shapes(), br in 1usize..40, bc in 1usize..40, faer in any::<bool>(), dtype in dtypes(), seed in any::<u64>()) {
+    fn flash2_equals_reference(shape in shapes(), br in 1usize..40, bc in 1usize..40, faer in any::<bool>(), pick in 0usize..8, cap in softcaps(), dtype in dtypes(), seed in any::<u64>()) {
         let gemm = if faer { "faer" } else { "mm" };
+        let shape = shape.with_window(window(&shape, bc, pick)).with_softcap(cap);
         check(&format!("flash2:br={br},bc={bc},gemm={gemm}"), &shape, dtype, seed)?;
     }
 
     #[test]
-    fn naive_equals_reference(shape in shapes(), dtype in dtypes(), seed in any::<u64>()) {
+    fn naive_equals_reference(shape in shapes(), pick in 0usize..8, cap in softcaps(), dtype in dtypes(), seed in any::<u64>()) {
+        let shape = shape.with_window(window(&shape, 16, pick)).with_softcap(cap);
         check("naive", &shape, dtype, seed)?;
+    }
+
+    #[test]
+    fn keys_outside_every_window_are_never_read(shape in shapes(), br in 1usize..40, bc in 1usize..40, w in 1usize..40, cap in softcaps(), seed in any::<u64>()) {
+        // NaN in K and V before the first row's window: flash2 skips those keys (a masked
+        // key in a visited tile would leak NaN through 0·NaN in P·V), and every row is
+        // still the reference's.
+        let shape = AttentionShape { causal: true, kv_len: shape.kv_len.max(shape.q_len), ..shape }
+            .with_window(Some(w))
+            .with_softcap(cap);
+        let mut inputs = AttentionInputs::random(&shape, DType::F32, seed);
+        let want = attention(&shape, &inputs);
+        poison_outside_windows(&shape, &mut inputs);
+        for isa in kernel_cpu::isa::runnable() {
+            let spec = format!("flash2:br={br},bc={bc}");
+            let got = kernel_cpu::isa::with_isa(isa, || run(kernel(&spec).as_ref(), &shape, &inputs))
+                .expect("a runnable tier");
+            let stats = ErrorStats::compare(&got, &want);
+            prop_assert!(stats.passes(&tolerance(DType::F32)), "{spec} isa {isa} {}: {stats:?}", shape.label());
+        }
     }
 
     #[test]
@@ -106,6 +171,8 @@ proptest! {
             Buffer::from_f32(dtype, &out)
         };
         let expanded = AttentionInputs { q: inputs.q.clone(), k: repeat(&inputs.k), v: repeat(&inputs.v) };
+        let gqa = gqa.with_window(window(&gqa, 5, seed as usize)).with_softcap((seed % 3 == 0).then_some(2.0));
+        let mha = AttentionShape { window: gqa.window, softcap: gqa.softcap, ..mha };
         let want = attention(&gqa, &inputs);
         for spec in ["naive", "flash2", "flash2:br=7,bc=5"] {
             let grouped = run(kernel(spec).as_ref(), &gqa, &inputs);
@@ -118,7 +185,7 @@ proptest! {
     #[test]
     fn batch_invariance(shape in shapes(), seed in any::<u64>(), other in any::<u64>()) {
         // Row 0 of a batch gives bit-identical output whatever the other rows hold.
-        let shape = AttentionShape { batch: 3, ..shape };
+        let shape = AttentionShape { batch: 3, ..shape }.with_window(window(&shape, 9, seed as usize));
         let one = AttentionShape { batch: 1, ..shape };
         let mut a = AttentionInputs::random(&shape, DType::F32, seed);
         let first = AttentionInputs::random(&one, DType::F32, seed ^ 1);
@@ -154,6 +221,73 @@ fn edge_cases_match_reference() {
             }
         }
     }
+}
+
+#[test]
+fn windowed_edge_cases_match_reference() {
+    // Decode, append and prefill at lengths 54/97/577 with windows around the tiles (16 and
+    // the default 128) and the context, capped and not, every dtype and variant.
+    let bases = [
+        AttentionShape::new(2, 4, 1, 1, 577, 64, true),
+        AttentionShape::new(1, 6, 2, 54, 97, 128, true),
+        AttentionShape::new(1, 2, 2, 97, 97, 64, true),
+        AttentionShape::new(1, 3, 3, 300, 577, 32, true),
+    ];
+    for (i, base) in bases.iter().enumerate() {
+        let lk = base.kv_len;
+        for (j, w) in [1, 2, 15, 16, 127, 128, lk - 1, lk, lk + 5]
+            .into_iter()
+            .enumerate()
+        {
+            let cap = [None, Some(50.0), Some(1.5)][(i + j) % 3];
+            let shape = base.with_window(Some(w)).with_softcap(cap);
+            let dtype = DType::ALL[(i + j) % 3];
+            for spec in ["naive", "flash2", "flash2:br=16,bc=16", "flash2:br=5,bc=7"] {
+                check(spec, &shape, dtype, (i * 16 + j) as u64).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn flash2_key_tiles_fall_with_the_window() {
+    // Prefill of 4096 in 128 × 128 tiles: without a window query tile t visits t + 1 key
+    // tiles (the causal triangle, 528 in all); with a window of 512, every tile past the
+    // first few visits ⌈(512 + 127) / 128⌉ = 5.
+    let f = attention_kernels::cpu::flash2::Flash2::new(
+        128,
+        128,
+        attention_kernels::cpu::flash2::DEFAULT_GEMM,
+    )
+    .unwrap();
+    let shape = AttentionShape::new(1, 1, 1, 4096, 4096, 64, true);
+    assert_eq!(f.kv_tiles_per_head(&shape), (1..=32).sum::<usize>());
+    let windowed = shape.with_window(Some(512));
+    let per_tile: Vec<usize> = (0..32)
+        .map(|t| {
+            let one = AttentionShape {
+                q_len: 128,
+                kv_len: 128 * (t + 1),
+                ..windowed
+            };
+            f.kv_tiles_per_head(&one)
+        })
+        .collect();
+    assert_eq!(&per_tile[..5], &[1, 2, 3, 4, 5]);
+    assert!(per_tile[4..].iter().all(|&n| n == 5), "{per_tile:?}");
+    assert_eq!(f.kv_tiles_per_head(&windowed), 1 + 2 + 3 + 4 + 28 * 5);
+    // Decode: one query row, ⌈512 / 128⌉ = 4 key tiles instead of 32.
+    let decode = AttentionShape::new(1, 1, 1, 1, 4096, 64, true);
+    assert_eq!(f.kv_tiles_per_head(&decode), 32);
+    assert_eq!(f.kv_tiles_per_head(&decode.with_window(Some(512))), 4);
+    // A window of 1 in decode reads one key.
+    let one_key = attention_kernels::cpu::flash2::Flash2::new(
+        128,
+        1,
+        attention_kernels::cpu::flash2::DEFAULT_GEMM,
+    )
+    .unwrap();
+    assert_eq!(one_key.kv_tiles_per_head(&decode.with_window(Some(1))), 1);
 }
 
 #[test]

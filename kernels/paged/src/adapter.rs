@@ -42,6 +42,8 @@ pub(crate) fn decode_shape(shape: &AttentionShape) -> PagedDecodeShape {
         head_dim: shape.head_dim,
         q_len: shape.q_len,
         scale: shape.scale,
+        window: shape.window,
+        softcap: shape.softcap,
     }
 }
 
@@ -64,10 +66,13 @@ pub(crate) fn require_causal(shape: &AttentionShape) -> Result<()> {
     Ok(())
 }
 
-/// Compulsory traffic plus the block tables.
+/// Compulsory traffic plus the entries of the block tables that are read (those of the
+/// blocks some row's window reaches).
 pub(crate) fn paged_cost(block_size: usize, shape: &AttentionShape, dtype: DType) -> Cost {
     let io = shape.io_cost(dtype);
-    let table_bytes = 4 * (shape.batch * shape.kv_len.div_ceil(block_size)) as u64;
+    let first = shape.kv_len - shape.kv_needed();
+    let blocks = shape.kv_len.div_ceil(block_size) - first / block_size;
+    let table_bytes = 4 * (shape.batch * blocks) as u64;
     Cost {
         bytes: io.bytes + table_bytes,
         flops: io.flops,

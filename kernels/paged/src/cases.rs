@@ -81,6 +81,8 @@ impl PagedCaseSpec {
             head_dim: self.head_dim,
             q_len: self.q_len,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
         };
         let q = normal_buffer(&mut rng, self.dtype, shape.q_elems(self.context_lens.len()));
         let batch = PagedBatch {
@@ -218,6 +220,8 @@ impl CacheCaseSpec {
             head_dim: self.head_dim,
             q_len: self.q_len,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
         };
         let q = normal_f32(&mut rng, shape.q_elems(self.context_lens.len()), 1.0);
         let batch = PagedBatch {

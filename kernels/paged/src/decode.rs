@@ -3,7 +3,12 @@
 //! head, so each K/V row is read from memory once, walking the block table chunk by chunk
 //! with an online softmax. Split-KV (FlashDecoding, Dao et al. 2023) cuts long contexts into
 //! partitions computed in parallel, each returning its normalised output and log-sum-exp,
-//! then reduces them: out = Σ e^(lse_p − max)·o_p / Σ e^(lse_p − max).
+//! then reduces them: out = Σ e^(lse_p − max)·o_p / Σ e^(lse_p − max). With a sliding
+//! window only the positions some query row sees (`PagedDecodeShape::visible_range`) are
+//! walked and partitioned: blocks wholly before the window are never read (they may hold
+//! anything, NaN included), the boundary block is entered at the first visible position, and
+//! a row's keys outside its own window are masked. Soft-capped scores (Gemma-2) take one
+//! tanh per visible score.
 //! The K/V come through a `view::Source`: a float pool, or a `KvCache` whose blocks may each
 //! be f32, f16, bf16, int8 or FP8 — f16/bf16 runs are widened into an L1 scratch, narrow
 //! codes are read as bytes and dequantised in registers (`coded_rows`), the run's scale
@@ -14,11 +19,14 @@ use crate::coded_rows::CodedRows;
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use crate::view::{Run, Source};
 use attention_kernels::cpu::gemm::widen;
+use attention_kernels::cpu::softcap::cap_scores;
+use attention_kernels::shape::{validate_window_softcap, window_start};
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Element, KernelError};
 use kernel_cpu::rows::{Avx2, Avx512, Portable};
 use kernel_cpu::simd;
 use kernel_cpu::{team, Isa};
+use std::ops::Range;
 
 /// Most new query tokens per sequence the decode kernel takes (speculative verification).
 pub const MAX_Q_LEN: usize = 16;
@@ -27,7 +35,9 @@ const CHUNK: usize = 128;
 /// Shortest partition `SplitKv::Auto` makes.
 const AUTO_MIN_PARTITION: usize = 64;
 
-/// The query side of a paged decode call.
+/// The query side of a paged decode call. `window` and `softcap` mean what they mean in
+/// `attention_kernels::AttentionShape`: the query at position p sees key j iff j ≤ p and
+/// p − j < window; scores are cap · tanh(scale · q·k / cap) before the softmax.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PagedDecodeShape {
     pub q_heads: usize,
@@ -36,9 +46,23 @@ pub struct PagedDecodeShape {
     /// New tokens per sequence; they are the last `q_len` positions of its context.
     pub q_len: usize,
     pub scale: f32,
+    /// Sliding window in positions (`None`: the whole context).
+    pub window: Option<usize>,
+    /// Logit soft-cap (`None`: plain scores).
+    pub softcap: Option<f32>,
 }
 
 impl PagedDecodeShape {
+    /// The same shape with a sliding window.
+    pub fn with_window(self, window: Option<usize>) -> PagedDecodeShape {
+        PagedDecodeShape { window, ..self }
+    }
+
+    /// The same shape with a logit soft-cap.
+    pub fn with_softcap(self, softcap: Option<f32>) -> PagedDecodeShape {
+        PagedDecodeShape { softcap, ..self }
+    }
+
     /// Checks the shape against the pool and the batch.
     pub fn validate(&self, layout: &PoolLayout, batch: &PagedBatch) -> Result<()> {
         let bad = |m: String| Err(KernelError::InvalidShape(m));
@@ -67,6 +91,7 @@ impl PagedDecodeShape {
                 self.scale
             ));
         }
+        validate_window_softcap(self.window, self.softcap)?;
         if let Some((s, len)) = batch
             .context_lens
             .iter()
@@ -79,6 +104,12 @@ impl PagedDecodeShape {
             ));
         }
         batch.validate(layout)
+    }
+
+    /// The positions some query row of a sequence of `ctx` tokens sees: from the first
+    /// row's window start (position ctx − q_len, window w: ctx − q_len + 1 − w) to the end.
+    pub fn visible_range(&self, ctx: usize) -> Range<usize> {
+        window_start((ctx + 1).saturating_sub(self.q_len), self.window)..ctx
     }
 
     /// Query rows one task serves: `group · q_len`.
@@ -119,8 +150,9 @@ impl SplitKv {
         }
     }
 
-    /// Tokens per partition of a sequence with `ctx` tokens (`ctx` itself = unsplit). It
-    /// depends on the sequence alone, never on its batch neighbours, so a sequence's output
+    /// Tokens per partition of a sequence whose rows see `ctx` positions between them (`ctx`
+    /// itself = unsplit; the whole context, or the window's reach). It depends on the
+    /// sequence alone, never on its batch neighbours, so a sequence's output
     /// is bit-identical whatever it is batched with.
     pub fn partition_tokens(&self, ctx: usize) -> usize {
         let tokens = match *self {
@@ -148,6 +180,9 @@ struct TaskView<'a> {
     kv_head: usize,
     /// Causal horizon (last visible position) of each row.
     horizon: &'a [usize],
+    /// First visible position of each row (its window start; 0 without a window).
+    first: &'a [usize],
+    softcap: Option<f32>,
 }
 
 /// Positions `c0..c1` cut at block boundaries: (first position, block id, offset in the
@@ -388,11 +423,19 @@ fn attend_range<K: CodedRows>(
         }
         for r in 0..rows {
             let srow = &mut s[r * CHUNK..r * CHUNK + n];
-            let visible = (view.horizon[r] + 1).saturating_sub(c0).min(n);
-            srow[visible..].fill(f32::NEG_INFINITY);
-            let m_new = acc.m[r].max(simd::max(&srow[..visible]));
+            // This row's keys within the chunk: after its window start, up to its horizon.
+            let lo = view.first[r].saturating_sub(c0).min(n);
+            let hi = (view.horizon[r] + 1).saturating_sub(c0).clamp(lo, n);
+            if let Some(cap) = view.softcap {
+                cap_scores(cap, &mut srow[lo..hi]);
+            }
+            srow[..lo].fill(f32::NEG_INFINITY);
+            srow[hi..].fill(f32::NEG_INFINITY);
+            let m_new = acc.m[r].max(simd::max(&srow[lo..hi]));
             if m_new == f32::NEG_INFINITY {
-                continue; // nothing visible yet: the exponentials below are all zero
+                // Nothing visible yet (before this row's window): zero weights, no update.
+                srow.fill(0.0);
+                continue;
             }
             let row_sum = simd::exp_shifted_sum(srow, m_new);
             let alpha = simd::exp_f32(acc.m[r] - m_new);
@@ -524,11 +567,18 @@ fn decode_typed<T: Element>(
     // Every (task, partition) is one work item of one flat parallel region, so a sequence
     // split in partitions keeps every thread busy even when there are fewer tasks than threads
     // (batch 1 of a 3-KV-head model on 2 threads left one idle a third of the time).
+    // Partitions cover the visible positions only, so none is empty.
     let items: Vec<(usize, usize, usize)> = (0..tasks)
         .flat_map(|task| {
-            let ctx = batch.context_lens[task / shape.kv_heads];
-            let part = split.partition_tokens(ctx);
-            (0..ctx.div_ceil(part)).map(move |p| (task, p * part, ((p + 1) * part).min(ctx)))
+            let seen = shape.visible_range(batch.context_lens[task / shape.kv_heads]);
+            let part = split.partition_tokens(seen.len());
+            (0..seen.len().div_ceil(part)).map(move |p| {
+                (
+                    task,
+                    seen.start + p * part,
+                    (seen.start + (p + 1) * part).min(seen.end),
+                )
+            })
         })
         .collect();
     let item_state = |&(task, t0, t1): &(usize, usize, usize)| -> Acc {
@@ -537,11 +587,17 @@ fn decode_typed<T: Element>(
         let horizon: Vec<usize> = (0..rows)
             .map(|r| ctx - shape.q_len + r % shape.q_len)
             .collect();
+        let first: Vec<usize> = horizon
+            .iter()
+            .map(|&h| window_start(h + 1, shape.window))
+            .collect();
         let view = TaskView {
             src,
             table: &batch.block_tables[seq],
             kv_head,
             horizon: &horizon,
+            first: &first,
+            softcap: shape.softcap,
         };
         let mut qf: Vec<f32> = vec![0.0; rows * d];
         T::widen_into(&q[task * rows * d..(task + 1) * rows * d], &mut qf);
@@ -570,8 +626,8 @@ fn decode_typed<T: Element>(
 }
 
 /// Paged decode over a float pool: `q`/`out` are `[seqs, q_heads, q_len, head_dim]` in the
-/// pool's dtype. The output is poisoned by the caller, never read; unused pool slots are
-/// never read.
+/// pool's dtype. The output is poisoned by the caller, never read; unused pool slots and
+/// positions before every row's window are never read.
 pub fn paged_decode(
     shape: &PagedDecodeShape,
     batch: &PagedBatch,
@@ -628,6 +684,29 @@ pub fn paged_decode_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_visible_range_is_what_the_window_reaches() {
+        let s = PagedDecodeShape {
+            q_heads: 8,
+            kv_heads: 2,
+            head_dim: 64,
+            q_len: 1,
+            scale: 0.125,
+            window: None,
+            softcap: None,
+        };
+        assert_eq!(s.visible_range(4096), 0..4096);
+        // Decode at position 4095 with a window of 512: positions 3584..=4095, which start
+        // block 224 of 16 tokens — 32 blocks read, not 256.
+        let w = s.with_window(Some(512));
+        assert_eq!(w.visible_range(4096), 3584..4096);
+        assert_eq!(w.visible_range(100), 0..100);
+        // Four new tokens at 4092..=4095: the first sees 3581..=4092.
+        let four = PagedDecodeShape { q_len: 4, ..w };
+        assert_eq!(four.visible_range(4096), 3581..4096);
+        assert_eq!(s.with_window(Some(1)).visible_range(10), 9..10);
+    }
 
     #[test]
     fn split_parsing_and_partitions() {

@@ -1,7 +1,8 @@
 //! The f64 reference for paged decode: gather each sequence's K/V out of the pool (or, for a
 //! `KvCache`, its stored values dequantised by the scalar codec) with plain indexing into
 //! contiguous tensors and run the attention oracle on them (causal, the new queries being the
-//! last q_len positions). Shares no code with the kernels.
+//! last q_len positions, with the shape's sliding window and soft-cap). Shares no code with
+//! the kernels.
 
 use crate::cache::KvCache;
 use crate::decode::PagedDecodeShape;
@@ -22,6 +23,8 @@ fn sequence(shape: &PagedDecodeShape, ctx: usize, inputs: &AttentionInputs) -> V
         head_dim: shape.head_dim,
         causal: true,
         scale: shape.scale,
+        window: shape.window,
+        softcap: shape.softcap,
     };
     attention(&one, inputs)
 }

@@ -4,6 +4,7 @@
 //! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
+use attention_kernels::cuda::device_options;
 use kernel_common::inputs::{normal_buffer, rng};
 use kernel_common::{tolerance, Buffer, DType};
 use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, f32_bytes, i32_bytes};
@@ -39,6 +40,8 @@ fn emulated_decode(
     let s = &case.shape;
     let i = |x: usize| Arg::I32(x as i32);
     let l = case.pool.layout;
+    let max_ctx = case.batch.context_lens.iter().copied().max().unwrap();
+    let (window, softcap) = device_options(s.window, s.softcap, max_ctx).unwrap();
     m.launch(
         &p.decode_entry,
         p.decode,
@@ -60,6 +63,8 @@ fn emulated_decode(
             i(p.part_tokens),
             i(p.row_chunks),
             Arg::F32(s.scale),
+            Arg::I32(window),
+            Arg::F32(softcap),
         ],
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -77,6 +82,7 @@ fn emulated_decode(
                 i(s.q_len),
                 i(s.head_dim),
                 i(p.part_tokens),
+                Arg::I32(window),
             ],
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -121,6 +127,77 @@ fn paged_decode_unsplit_and_split_match_the_reference() {
             let got = emulated_decode(&m, &case, split, unroll);
             assert_close(
                 &format!("{} {split:?} unroll {unroll}", case.label()),
+                &got,
+                &want,
+                tolerance(s.dtype),
+            );
+        }
+    }
+    windowed_and_capped_cases_match_the_reference(&m);
+}
+
+/// Windows inside a block, across blocks and past the context, decode and 2–3 new tokens,
+/// soft-capped and not, split and not; NaN in K/V before the window must not be read.
+fn windowed_and_capped_cases_match_the_reference(m: &EmuModule) {
+    let spec = |lens: Vec<usize>, bs, group, head_dim, q_len, dtype, seed| PagedCaseSpec {
+        context_lens: lens,
+        block_size: bs,
+        kv_heads: 2,
+        group,
+        head_dim,
+        q_len,
+        dtype,
+        spare_blocks: 2,
+        seed,
+    };
+    let cases = [
+        (
+            spec(vec![300, 40], 16, 4, 128, 1, DType::F32, 5),
+            Some(7),
+            None,
+        ),
+        (
+            spec(vec![300, 97], 16, 2, 64, 3, DType::BF16, 6),
+            Some(100),
+            Some(2.0),
+        ),
+        (spec(vec![130], 32, 3, 64, 1, DType::F16, 7), Some(1), None),
+        (
+            spec(vec![77, 5], 4, 2, 128, 2, DType::F32, 8),
+            Some(200),
+            Some(50.0),
+        ),
+        (spec(vec![60], 8, 2, 64, 1, DType::F32, 9), None, Some(0.5)),
+    ];
+    for (s, window, softcap) in &cases {
+        let mut case = s.build().unwrap();
+        case.shape = case.shape.with_window(*window).with_softcap(*softcap);
+        let l = case.pool.layout;
+        let (mut k, mut v) = (case.pool.k.to_f32(), case.pool.v.to_f32());
+        for (&ctx, table) in case.batch.context_lens.iter().zip(&case.batch.block_tables) {
+            for pos in 0..case.shape.visible_range(ctx).start {
+                for h in 0..l.kv_heads {
+                    let at = l.position_offset(table, h, pos);
+                    k[at..at + l.head_dim].fill(f32::NAN);
+                    v[at..at + l.head_dim].fill(f32::NAN);
+                }
+            }
+        }
+        case.pool.k = Buffer::from_f32(s.dtype, &k);
+        case.pool.v = Buffer::from_f32(s.dtype, &v);
+        let want = case.reference().unwrap();
+        for (split, unroll) in [
+            (SplitKv::Off, 1),
+            (SplitKv::Tokens(37), 1),
+            (SplitKv::Tokens(5), 2),
+            (SplitKv::Off, 2),
+        ] {
+            let got = emulated_decode(m, &case, split, unroll);
+            assert_close(
+                &format!(
+                    "{} {window:?} {softcap:?} {split:?} unroll {unroll}",
+                    case.label()
+                ),
                 &got,
                 &want,
                 tolerance(s.dtype),
@@ -211,9 +288,11 @@ fn paged_append_writes_exactly_the_slots() {
 
 #[test]
 fn planted_bugs_fail_the_emulated_check() {
-    // Planted in paged.cu and run in a child process: the causal bound off by one, and the
+    // Planted in paged.cu and run in a child process: the causal bound off by one, the
     // decode's hq and hkv launch arguments swapped (the kernel's signature, as the launcher
-    // sees it). (The test passing unmutated is the test.)
+    // sees it), the window bound off by one, the partitions started at position 0 instead
+    // of the window (reads NaN), the soft-cap skipped. (The test passing unmutated is the
+    // test.)
     if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
         return;
     }
@@ -221,5 +300,5 @@ fn planted_bugs_fail_the_emulated_check() {
         "paged.cu",
         "paged_decode_unsplit_and_split_match_the_reference",
     );
-    assert_eq!(caught.len(), 2);
+    assert_eq!(caught.len(), 5);
 }

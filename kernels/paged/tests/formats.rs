@@ -189,6 +189,20 @@ proptest! {
     }
 
     #[test]
+    fn windowed_cache_decode_equals_reference(lens in prop::collection::vec(1usize..600, 1..4),
+                                              bs in prop_oneof![Just(1usize), Just(16), 1usize..=64],
+                                              kv_log in 0usize..3, group in 1usize..5, q_len in 1usize..=16,
+                                              w in prop_oneof![Just(1usize), Just(2), 1usize..700],
+                                              cap in prop::option::of(0.3f32..60.0), format in formats(),
+                                              split in splits(), seed in any::<u64>()) {
+        // Sliding windows and soft-capping over every format, uniform and progressive.
+        let q_len = q_len.min(*lens.iter().min().unwrap());
+        let mut c = case(&lens, bs, 1 << kv_log, group, 64, q_len, format, 2, seed);
+        c.shape = c.shape.with_window(Some(w)).with_softcap(cap);
+        assert_matches_reference(&c, split)?;
+    }
+
+    #[test]
     fn cache_batch_invariance(lens in prop::collection::vec(1usize..400, 2..4), format in formats(),
                               split in splits(), seed in any::<u64>()) {
         let c = case(&lens, 16, 2, 2, 64, 1, format, 0, seed);

@@ -5,10 +5,16 @@
 //! pass; the newest level when a drafter grows the tree level by level, its earlier levels
 //! already in the cache). Query of node i attends to the whole context and to the tree nodes
 //! on its own path (the tree mask), with one online softmax (FlashAttention's running max and sum) over the
-//! context blocks, then its ancestors. One task per (node, query head); GQA by index. The
-//! reference computes the same in f64, materialising the scores.
+//! context blocks, then its ancestors. One task per (node, query head); GQA by index. A
+//! sliding window is measured in RoPE positions (node a at ctx + depth(a)): the context walk
+//! starts at the node's window start and ancestors more than window − 1 levels up are left
+//! out; soft-capped scores (Gemma-2) take one tanh each. The reference computes the same in
+//! f64, materialising the scores.
 
 use crate::tree::DraftTree;
+use attention_kernels::cpu::softcap::cap_score;
+use attention_kernels::reference::softcap;
+use attention_kernels::shape::{validate_window_softcap, window_start};
 use kernel_common::{error::Result, Buffer, KernelError};
 use kernel_cpu::simd::{axpy_plain, dot_plain};
 use paged_kernels::KvPool;
@@ -25,13 +31,32 @@ pub struct TreeContext<'a> {
     pub nodes: &'a [usize],
 }
 
-/// Heads and scale of a tree attention call.
+/// Heads, scale, sliding window and soft-cap of a tree attention call. Positions are those
+/// of RoPE: context key j at j, tree node a at ctx + depth(a); the query of node i (at
+/// p = ctx + depth(i)) sees a key at position j iff j ≤ p and p − j < window (as
+/// `attention_kernels::AttentionShape`), and scores are cap · tanh(scale · q·k / cap).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TreeAttnShape {
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Sliding window in positions (`None`: the whole context).
+    pub window: Option<usize>,
+    /// Logit soft-cap (`None`: plain scores).
+    pub softcap: Option<f32>,
+}
+
+impl TreeAttnShape {
+    /// The same shape with a sliding window.
+    pub fn with_window(self, window: Option<usize>) -> TreeAttnShape {
+        TreeAttnShape { window, ..self }
+    }
+
+    /// The same shape with a logit soft-cap.
+    pub fn with_softcap(self, softcap: Option<f32>) -> TreeAttnShape {
+        TreeAttnShape { softcap, ..self }
+    }
 }
 
 fn f32_pool(pool: &KvPool) -> Result<(&[f32], &[f32])> {
@@ -70,6 +95,13 @@ pub(crate) fn check(
             shape.q_heads, shape.kv_heads
         ));
     }
+    if !(shape.scale.is_finite() && shape.scale > 0.0) {
+        return bad(format!(
+            "softmax scale must be finite and > 0, got {}",
+            shape.scale
+        ));
+    }
+    validate_window_softcap(shape.window, shape.softcap)?;
     let need = (ctx + tree.len()).div_ceil(l.block_size);
     if table.len() < need || table[..need].iter().any(|&b| b as usize >= l.num_blocks) {
         return bad(format!(
@@ -112,7 +144,17 @@ pub fn tree_attention(
     let l = pool.layout;
     let d = shape.head_dim;
     let group = shape.q_heads / shape.kv_heads;
-    let paths: Vec<Vec<usize>> = nodes.iter().map(|&i| tree.path_to(i)).collect();
+    // Each query's window-admitted ancestors (itself included) and first context position.
+    let seen: Vec<(usize, Vec<usize>)> = nodes
+        .iter()
+        .map(|&i| {
+            let depth = tree.depth(i);
+            let first = window_start(ctx + depth + 1, shape.window).min(ctx);
+            let path = tree.path_to(i);
+            let lo = window_start(depth + 1, shape.window);
+            (first, path[lo..].to_vec())
+        })
+        .collect();
     out.par_chunks_mut(d).enumerate().for_each(|(row, o)| {
         let (i, h) = (row / shape.q_heads, row % shape.q_heads);
         let kvh = h / group;
@@ -121,7 +163,10 @@ pub fn tree_attention(
         o.iter_mut().for_each(|x| *x = 0.0);
         let mut visit = |pos: usize| {
             let at = l.position_offset(table, kvh, pos);
-            let score = dot_plain(qv, &k[at..at + d]) * shape.scale;
+            let mut score = dot_plain(qv, &k[at..at + d]) * shape.scale;
+            if let Some(cap) = shape.softcap {
+                score = cap_score(cap, score);
+            }
             if score > m {
                 let c = (m - score).exp();
                 o.iter_mut().for_each(|x| *x *= c);
@@ -132,10 +177,11 @@ pub fn tree_attention(
             s += p;
             axpy_plain(p, &v[at..at + d], o);
         };
-        for pos in 0..ctx {
+        let (first, path) = &seen[i];
+        for pos in *first..ctx {
             visit(pos);
         }
-        for &j in &paths[i] {
+        for &j in path {
             visit(ctx + j);
         }
         let inv = 1.0 / s;
@@ -145,7 +191,8 @@ pub fn tree_attention(
 }
 
 /// The f64 reference: each node's scores over the context and its path (found by walking
-/// parent pointers, not from the mask), a softmax, the weighted sum of V.
+/// parent pointers, not from the mask), kept where the window admits their positions
+/// (ctx + depth for nodes), soft-capped when asked, a softmax, the weighted sum of V.
 pub fn tree_attention_reference(
     shape: &TreeAttnShape,
     at: &TreeContext,
@@ -165,11 +212,15 @@ pub fn tree_attention_reference(
     let d = shape.head_dim;
     let group = shape.q_heads / shape.kv_heads;
     let mut out = vec![0.0f64; want];
+    let sees = |p: usize, j: usize| j <= p && shape.window.is_none_or(|w| p - j < w);
     for (r, &i) in nodes.iter().enumerate() {
-        let mut visible: Vec<usize> = (0..ctx).collect();
+        let p = ctx + tree.depth(i);
+        let mut visible: Vec<usize> = (0..ctx).filter(|&j| sees(p, j)).collect();
         let mut at = Some(i);
         while let Some(a) = at {
-            visible.push(ctx + a);
+            if sees(p, ctx + tree.depth(a)) {
+                visible.push(ctx + a);
+            }
             at = tree.parent(a);
         }
         for h in 0..shape.q_heads {
@@ -182,7 +233,8 @@ pub fn tree_attention_reference(
             let scores: Vec<f64> = rows
                 .iter()
                 .map(|&r| {
-                    (0..d).map(|c| qv[c] as f64 * k[r + c] as f64).sum::<f64>() * shape.scale as f64
+                    let s = (0..d).map(|c| qv[c] as f64 * k[r + c] as f64).sum::<f64>();
+                    softcap(shape.softcap, s * shape.scale as f64)
                 })
                 .collect();
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

@@ -70,6 +70,27 @@ pub const MUTATIONS: &[Mutation] = &[
         replace: "ldmatrix_x4(r, vt +",
     },
     Mutation {
+        name: "attention-window-off-by-one",
+        file: "attention.cu",
+        what: "naive and flash2 let a row see one key more than its sliding window",
+        find: "(window <= 0 || pos - key < window)",
+        replace: "(window <= 0 || pos - key <= window)",
+    },
+    Mutation {
+        name: "flash2-window-start-late",
+        file: "attention.cu",
+        what: "flash2 and flash2p start a block's key loop one key after its window start",
+        find: "max(0, offset + row0 + 1 - window)",
+        replace: "max(0, offset + row0 + 2 - window)",
+    },
+    Mutation {
+        name: "flash2-softcap-skipped",
+        file: "attention.cu",
+        what: "flash2 and flash2p skip the logit soft-cap",
+        find: "softcap > 0.0f ? cap_out * tanhf(s[nt][e] * cap_in) : s[nt][e] * sl2",
+        replace: "s[nt][e] * sl2",
+    },
+    Mutation {
         name: "paged-causal-off-by-one",
         file: "paged.cu",
         what: "paged decode lets query row i see one key past its position",
@@ -82,6 +103,27 @@ pub const MUTATIONS: &[Mutation] = &[
         what: "paged decode's hq and hkv launch arguments swapped (the entry's signature)",
         find: "float* part_o, float* part_lse, int batch, int hq, int hkv, int q_len, int bs,",
         replace: "float* part_o, float* part_lse, int batch, int hkv, int hq, int q_len, int bs,",
+    },
+    Mutation {
+        name: "paged-window-off-by-one",
+        file: "paged.cu",
+        what: "paged decode lets a row see one key more than its sliding window",
+        find: "last_key[r] - j >= window",
+        replace: "last_key[r] - j > window",
+    },
+    Mutation {
+        name: "paged-partitions-from-zero",
+        file: "paged.cu",
+        what: "paged decode's partitions start at position 0, not at the window's first key",
+        find: "const int k_begin = k_first + part * part_tokens",
+        replace: "const int k_begin = part * part_tokens",
+    },
+    Mutation {
+        name: "paged-softcap-skipped",
+        file: "paged.cu",
+        what: "paged decode skips the logit soft-cap",
+        find: "if (softcap > 0.0f) s = cap_l2 * tanhf(s * cap_inv);",
+        replace: "",
     },
     Mutation {
         name: "moe-up-fed-gate-fragments",
@@ -110,6 +152,20 @@ pub const MUTATIONS: &[Mutation] = &[
         what: "the slot combine skips a token's last-ranked assignment",
         find: "for (int r = 0; r < k; ++r) {\n            const int a = t * k + r;",
         replace: "for (int r = 0; r < k - 1; ++r) {\n            const int a = t * k + r;",
+    },
+    Mutation {
+        name: "tree-window-off-by-one",
+        file: "spec.cu",
+        what: "tree attention lets a node see an ancestor one level past its sliding window",
+        find: "depth - depths[j] >= window",
+        replace: "depth - depths[j] > window",
+    },
+    Mutation {
+        name: "tree-softcap-skipped",
+        file: "spec.cu",
+        what: "tree attention skips the logit soft-cap",
+        find: "if (softcap > 0.0f) s = softcap * tanhf(s / softcap);",
+        replace: "",
     },
 ];
 

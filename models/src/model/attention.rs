@@ -2,7 +2,9 @@
 //! for draft-tree chunks (SpecInfer), paged decode on the pool for chunks of ≤ 16 tokens
 //! (vLLM PagedAttention), or a contiguous kernel on K/V gathered from the cache (prompts, and
 //! every chunk under a contiguous `--attention`), at the model's scale (1/√head_dim, or the
-//! architecture's: Gemma's query_pre_attn_scalar).
+//! architecture's: Gemma's query_pre_attn_scalar), within the layer's sliding window (a query
+//! at position p sees key j iff j ≤ p and p − j < window: transformers' sliding-window mask)
+//! and with the architecture's score soft-cap (cap · tanh(s / cap), Gemma-2).
 
 use crate::model::forward::SeqChunk;
 use crate::model::kv::KvPools;
@@ -13,26 +15,6 @@ use paged_kernels::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN}
 use spec_kernels::{tree_attention, TreeAttnShape, TreeContext};
 
 impl Llama {
-    /// Refuses what the attention kernels here cannot compute yet: a sliding window that
-    /// hides keys of some chunk (a query at position p sees key j iff p − j < window, so a
-    /// chunk ending at or before the window sees every key), and score soft-capping.
-    fn check_window(&self, li: usize, chunks: &[SeqChunk]) -> Result<()> {
-        if let Some(cap) = self.cfg.blocks.attn_softcap {
-            return Err(KernelError::Unsupported(format!(
-                "attention soft-capping ({cap}) needs attention kernels with a softcap"
-            )));
-        }
-        let Some(w) = self.layers[li].window else {
-            return Ok(());
-        };
-        match chunks.iter().map(|c| c.extent()).max() {
-            Some(extent) if extent > w => Err(KernelError::Unsupported(format!(
-                "layer {li}: a sliding window of {w} over {extent} positions needs attention kernels with a window"
-            ))),
-            _ => Ok(()),
-        }
-    }
-
     /// Attention of every chunk's queries (rows of `q`, `[rows, heads·hd]`) over its cached
     /// context; returns rows in the same layout.
     pub(super) fn attention(
@@ -46,7 +28,7 @@ impl Llama {
         let cfg = &self.cfg;
         let (hd, qd, heads) = (cfg.head_dim, cfg.q_dim(), cfg.heads);
         let scale = cfg.attn_scale();
-        self.check_window(li, chunks)?;
+        let (window, softcap) = (self.layers[li].window, cfg.blocks.attn_softcap);
         let mut attn = vec![f32::NAN; q.len()];
         let mut done = vec![false; chunks.len()];
         for (i, c) in chunks.iter().enumerate() {
@@ -57,6 +39,8 @@ impl Llama {
                 kv_heads: cfg.kv_heads,
                 head_dim: hd,
                 scale,
+                window,
+                softcap,
             };
             let rows = offsets[i] * qd..(offsets[i] + n) * qd;
             let pool = kv.layers[li].float_pool().ok_or_else(|| {
@@ -104,6 +88,8 @@ impl Llama {
                     head_dim: hd,
                     q_len,
                     scale,
+                    window,
+                    softcap,
                 };
                 let mut out = vec![f32::NAN; qh.len()];
                 paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;
@@ -133,7 +119,9 @@ impl Llama {
             let shape = AttentionShape {
                 scale,
                 ..AttentionShape::new(1, heads, cfg.kv_heads, n, total, hd, true)
-            };
+            }
+            .with_window(window)
+            .with_softcap(softcap);
             let inputs = AttentionInputs {
                 q: Buffer::F32(qh),
                 k,

@@ -13,7 +13,7 @@
 
 use crate::model::mapped::FileBytes;
 use kernel_common::KernelError;
-use quant_kernels::{QuantMatrix, WeightFormat};
+use quant_kernels::{ggml_type_name, QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -167,18 +167,6 @@ impl Cursor<'_> {
     }
 }
 
-/// The weight format of a ggml type id, if this workbench reads it.
-pub fn format_of(ggml_type: u32) -> Option<WeightFormat> {
-    match ggml_type {
-        0 => Some(WeightFormat::F32),
-        1 => Some(WeightFormat::F16),
-        2 => Some(WeightFormat::Q4_0),
-        3 => Some(WeightFormat::Q4_1),
-        8 => Some(WeightFormat::Q8_0),
-        _ => None,
-    }
-}
-
 impl Gguf {
     /// Maps and parses `path`.
     pub fn open(path: &Path) -> Result<Gguf> {
@@ -317,9 +305,10 @@ impl Gguf {
             .tensors
             .get(name)
             .ok_or_else(|| self.err(format!("tensor '{name}' is missing")))?;
-        let format = format_of(t.ggml_type).ok_or_else(|| {
+        let format = WeightFormat::from_ggml_type(t.ggml_type).ok_or_else(|| {
+            let ty = ggml_type_name(t.ggml_type).unwrap_or("unknown to ggml");
             self.err(format!(
-                "tensor '{name}' has ggml type {}, which this workbench does not read (F32, F16, Q8_0, Q4_0, Q4_1)",
+                "tensor '{name}' has type {ty} ({}), which this workbench does not read",
                 t.ggml_type
             ))
         })?;

@@ -452,6 +452,13 @@ impl Llama {
         })
     }
 
+    /// The original context of a longrope RoPE (Phi-3), past which a pass rotates with the
+    /// long factors: a sequence that grows past it is recomputed from its first token
+    /// (`Session` does, as transformers' Phi-3 generation does).
+    pub fn longrope_original(&self) -> Option<usize> {
+        self.ropes.iter().filter_map(Rope::long_from).min()
+    }
+
     /// Keeps the first `n` layers (self-speculative drafting by layer skipping, as in
     /// Draft & Verify, Zhang et al. 2023): the same embedding, final norm and head.
     pub fn keep_layers(&mut self, n: usize) -> Result<()> {

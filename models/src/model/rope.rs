@@ -298,6 +298,11 @@ impl Rope {
         })
     }
 
+    /// longrope's original context (a pass longer than it uses the long factors).
+    pub fn long_from(&self) -> Option<usize> {
+        self.long.as_ref().map(|(_, o)| *o)
+    }
+
     /// cos and sin for `positions` (rows of dim/2), scaled by the attention factor. `extent` is
     /// the largest position + 1 of the pass the positions belong to: longrope rotates the whole
     /// pass with its long factors when it exceeds the original context (transformers'

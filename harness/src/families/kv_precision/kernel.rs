@@ -125,6 +125,8 @@ pub fn rows(
         head_dim: s.head_dim,
         q_len: 1,
         scale: 1.0 / (s.head_dim as f32).sqrt(),
+        window: None,
+        softcap: None,
     };
     let q = normal_f32(&mut r, dshape.q_elems(s.batch), 1.0);
     let positions: Vec<usize> = (0..s.context).collect();

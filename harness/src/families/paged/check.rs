@@ -6,21 +6,35 @@
 //! a `KvCache` in each narrow or progressive format in turn (f16, bf16, FP8 E4M3, int8, per
 //! block or per head, progressive int8/FP8 past a window; one token in eight an 8× outlier),
 //! paged decode reading the codes directly against the f64 reference of the cache as stored.
+//! A third of the random cases and four edge cases take a sliding window (1, a block − 1,
+//! random, past the context; the pool slots before it NaN, never read) and some a logit
+//! soft-cap.
 
 use crate::checking::Ctx;
 use crate::error::Result;
+use attention_kernels::shape::options_label;
 use attention_kernels::{AttentionInputs, AttentionShape};
 use kernel_common::inputs::{derive_seed, rng};
-use kernel_common::{tolerance, DType, Device, ErrorStats};
+use kernel_common::{tolerance, Buffer, DType, Device, ErrorStats};
 use paged_kernels::adapter::build_pool;
-use paged_kernels::{pool::gather, CacheCaseSpec, KvCacheFormat, PagedCaseSpec, SplitKv};
+use paged_kernels::{
+    pool::gather, CacheCaseSpec, KvCacheFormat, PagedCase, PagedCaseSpec, SplitKv,
+};
 use rand::Rng;
+
+/// A case: what to build, and the window and soft-cap its shape takes.
+struct PagedCheck {
+    spec: PagedCaseSpec,
+    window: Option<usize>,
+    softcap: Option<f32>,
+}
 
 /// Random paged batches, then the edge cases, each under every split policy; plus an
 /// append round trip (gather(append(x)) == x exactly) per case.
-fn paged_cases(cases: usize, seed: u64, dtype: DType) -> Vec<PagedCaseSpec> {
+fn paged_cases(cases: usize, seed: u64, dtype: DType) -> Vec<PagedCheck> {
     let mut r = rng(seed ^ 0x9A6E);
     let mut out = vec![];
+    let (mut windows, mut softcaps) = (vec![], vec![]);
     for c in 0..cases {
         let seqs = r.gen_range(1..=4);
         out.push(PagedCaseSpec {
@@ -38,6 +52,15 @@ fn paged_cases(cases: usize, seed: u64, dtype: DType) -> Vec<PagedCaseSpec> {
         last.q_len = r
             .gen_range(1..=4)
             .min(*last.context_lens.iter().min().expect("seqs >= 1"));
+        let (ctx, bs) = (last.context_lens[0], last.block_size);
+        windows.push(
+            r.gen_bool(1.0 / 3.0)
+                .then(|| [1, bs.max(2) - 1, r.gen_range(1..=ctx + 5), ctx + 5][r.gen_range(0..4)]),
+        );
+        softcaps.push(
+            r.gen_bool(0.25)
+                .then(|| [50.0, r.gen_range(0.5f32..10.0)][r.gen_range(0..2)]),
+        );
     }
     let edge = |lens: Vec<usize>,
                 block_size: usize,
@@ -62,7 +85,59 @@ fn paged_cases(cases: usize, seed: u64, dtype: DType) -> Vec<PagedCaseSpec> {
         head_dim: 64,
         ..edge(vec![300, 97], 1, 1, 4, 40_000)
     });
-    out
+    windows.extend([None; 4]);
+    softcaps.extend([None; 4]);
+    // Sliding windows: inside a block, a block − 1 with a cap, across blocks with three new
+    // tokens, a window of 1; the pool slots before each window NaN.
+    for (spec, window, softcap) in [
+        (edge(vec![577, 54], 16, 2, 4, 2), 5, None),
+        (edge(vec![97, 577], 16, 1, 8, 1), 15, Some(50.0)),
+        (
+            PagedCaseSpec {
+                q_len: 3,
+                ..edge(vec![577, 300], 32, 2, 2, 3)
+            },
+            100,
+            Some(2.0),
+        ),
+        (edge(vec![54], 1, 4, 1, 0), 1, None),
+    ] {
+        out.push(spec);
+        windows.push(Some(window));
+        softcaps.push(softcap);
+    }
+    out.into_iter()
+        .zip(windows.into_iter().zip(softcaps))
+        .map(|(spec, (window, softcap))| PagedCheck {
+            spec,
+            window,
+            softcap,
+        })
+        .collect()
+}
+
+/// NaN in K and V of every pool slot before the window of every sequence of `c` (positions
+/// no row sees): the decode must never read them.
+fn poison_before_windows(c: &mut PagedCase) {
+    let l = c.pool.layout;
+    let (mut k, mut v) = (c.pool.k.to_f32(), c.pool.v.to_f32());
+    for (&ctx, table) in c.batch.context_lens.iter().zip(&c.batch.block_tables) {
+        for pos in 0..c.shape.visible_range(ctx).start {
+            for h in 0..l.kv_heads {
+                let at = l.position_offset(table, h, pos);
+                k[at..at + l.head_dim].fill(f32::NAN);
+                v[at..at + l.head_dim].fill(f32::NAN);
+            }
+        }
+    }
+    let dt = c.pool.dtype();
+    c.pool.k = Buffer::from_f32(dt, &k);
+    c.pool.v = Buffer::from_f32(dt, &v);
+}
+
+/// The case's label with its window and cap.
+fn label(base: String, check: &PagedCheck) -> String {
+    format!("{base}{}", options_label(check.window, check.softcap))
 }
 
 /// The KV-cache formats the cache cases take in turn.
@@ -91,10 +166,11 @@ fn splits(prefix: &str, seed: u64) -> [(SplitKv, String); 3] {
 /// Paged decode over a `KvCache` in each format in turn, every split policy, against the
 /// f64 reference of the cache as stored (its tolerance scaled to the reference's size: the
 /// outliers make some outputs large).
-fn check_cache_formats(ctx: &mut Ctx, specs: &[PagedCaseSpec]) -> Result<()> {
-    for (case, spec) in specs.iter().enumerate() {
+fn check_cache_formats(ctx: &mut Ctx, checks: &[PagedCheck]) -> Result<()> {
+    for (case, check) in checks.iter().enumerate() {
+        let spec = &check.spec;
         let format = KvCacheFormat::parse(CACHE_FORMATS[case % CACHE_FORMATS.len()])?;
-        let c = CacheCaseSpec {
+        let mut c = CacheCaseSpec {
             context_lens: spec.context_lens.clone(),
             block_size: spec.block_size,
             kv_heads: spec.kv_heads,
@@ -107,6 +183,10 @@ fn check_cache_formats(ctx: &mut Ctx, specs: &[PagedCaseSpec]) -> Result<()> {
             seed: spec.seed,
         }
         .build()?;
+        c.shape = c
+            .shape
+            .with_window(check.window)
+            .with_softcap(check.softcap);
         let want = c.reference()?;
         let tol = tolerance(DType::F32).scaled_to(&want);
         for (split, name) in splits("paged_decode_cache", spec.seed) {
@@ -120,7 +200,7 @@ fn check_cache_formats(ctx: &mut Ctx, specs: &[PagedCaseSpec]) -> Result<()> {
                 &name,
                 DType::F32,
                 tol,
-                c.label(),
+                label(c.label(), check),
                 spec.seed,
                 outcome,
             )?;
@@ -137,11 +217,17 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         check_cache_formats(ctx, &paged_cases(ctx.opts.cases, ctx.opts.seed, DType::F32))?;
     }
     for &dtype in &ctx.opts.dtypes.clone() {
-        for (case, spec) in paged_cases(ctx.opts.cases, ctx.opts.seed, dtype)
+        for (case, check) in paged_cases(ctx.opts.cases, ctx.opts.seed, dtype)
             .iter()
             .enumerate()
         {
-            let c = spec.build()?;
+            let spec = &check.spec;
+            let mut c = spec.build()?;
+            c.shape = c
+                .shape
+                .with_window(check.window)
+                .with_softcap(check.softcap);
+            poison_before_windows(&mut c);
             let want = c.reference()?;
             let prefix = if cuda {
                 "cuda_paged_decode"
@@ -158,7 +244,8 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
                 let outcome = got
                     .map(|got| ErrorStats::compare(&got, &want))
                     .map_err(|e| e.to_string());
-                ctx.record("paged", case, &name, dtype, c.label(), spec.seed, outcome)?;
+                let case_label = label(c.label(), check);
+                ctx.record("paged", case, &name, dtype, case_label, spec.seed, outcome)?;
             }
             // Append round trip from contiguous K/V through shuffled blocks and back.
             let kv_len = spec.context_lens[0];

@@ -75,6 +75,8 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
         head_dim: d,
         q_len,
         scale: 1.0 / (d as f32).sqrt(),
+        window: None,
+        softcap: None,
     };
     if let Some(s) = case.positive("scale")? {
         shape.scale = s;

@@ -2,13 +2,17 @@
 //! tree) on random trees of 1..=48 nodes over a paged pool with a shuffled block table
 //! (MHA/GQA/MQA, odd head dims, block sizes 1..=32, contexts 0..=300 ending mid-block), with
 //! the queries of every node or of the deepest half only (a drafter's level-by-level pass),
-//! then the edge cases (root alone over an empty context, a long chain, a static tree), each on
-//! NaN-poisoned output against the f64 reference that walks parent pointers.
+//! then the edge cases (root alone over an empty context, a long chain, a static tree, and
+//! windowed / soft-capped ones), each on NaN-poisoned output against the f64 reference that
+//! walks parent pointers. A third of the random cases take a sliding window (measured in
+//! positions, ctx + depth for nodes; the context before every query's window NaN, never
+//! read) and a quarter a logit soft-cap.
 
 use crate::checking::Ctx;
 use crate::error::Result;
-use kernel_common::inputs::{derive_seed, normal_buffer, rng};
-use kernel_common::{tolerance, DType, ErrorStats};
+use attention_kernels::shape::{options_label, window_start};
+use kernel_common::inputs::{derive_seed, normal_buffer, normal_f32, rng};
+use kernel_common::{tolerance, Buffer, DType, ErrorStats};
 use paged_kernels::{KvPool, PoolLayout};
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -25,6 +29,8 @@ struct Case {
     tree: DraftTree,
     /// Queries of the deepest half of the nodes only.
     late_half: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
 }
 
 fn cases(n: usize, seed: u64) -> Vec<Case> {
@@ -36,14 +42,21 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
         let parents: Vec<Option<usize>> = (0..nodes)
             .map(|i| (i > 0).then(|| r.gen_range(0..i)))
             .collect();
+        let ctx = r.gen_range(0..=300);
         out.push(Case {
             q_heads: kv_heads * r.gen_range(1..=4),
             kv_heads,
             head_dim: [64, r.gen_range(1..=96)][r.gen_range(0..2)],
             block_size: [1, 4, 16, 32][r.gen_range(0..4)],
-            ctx: r.gen_range(0..=300),
+            ctx,
             tree: DraftTree::from_parents(&parents).expect("parents precede children"),
             late_half: r.gen_bool(0.3),
+            window: r
+                .gen_bool(1.0 / 3.0)
+                .then(|| [1, 2, r.gen_range(1..=ctx + nodes + 5)][r.gen_range(0..3)]),
+            softcap: r
+                .gen_bool(0.25)
+                .then(|| [50.0, r.gen_range(0.5f32..10.0)][r.gen_range(0..2)]),
         });
     }
     let edge = |tree: DraftTree, ctx: usize| Case {
@@ -54,6 +67,8 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
         ctx,
         tree,
         late_half: false,
+        window: None,
+        softcap: None,
     };
     out.push(edge(DraftTree::root(), 0));
     out.push(edge(DraftTree::chain(16), 33));
@@ -61,6 +76,24 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
         DraftTree::static_shape(&[4, 2, 2, 1]).expect("positive branching"),
         17,
     ));
+    // A window inside a chain (deep nodes lose the root), one reaching a few context
+    // positions with Gemma-2's cap, and a tight cap alone.
+    out.push(Case {
+        window: Some(5),
+        ..edge(DraftTree::chain(16), 40)
+    });
+    out.push(Case {
+        window: Some(9),
+        softcap: Some(50.0),
+        ..edge(
+            DraftTree::static_shape(&[4, 2, 2, 1]).expect("positive branching"),
+            17,
+        )
+    });
+    out.push(Case {
+        softcap: Some(1.0),
+        ..edge(DraftTree::chain(4), 20)
+    });
     out
 }
 
@@ -78,11 +111,10 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             head_dim: c.head_dim,
         };
         let elems = layout.num_blocks * layout.block_elems();
-        let pool = KvPool {
-            layout,
-            k: normal_buffer(&mut r, DType::F32, elems),
-            v: normal_buffer(&mut r, DType::F32, elems),
-        };
+        let (mut k, mut v) = (
+            normal_f32(&mut r, elems, 1.0),
+            normal_f32(&mut r, elems, 1.0),
+        );
         let mut table: Vec<u32> = (0..layout.num_blocks as u32).collect();
         table.shuffle(&mut r);
         let nodes: Vec<usize> = if c.late_half {
@@ -90,11 +122,28 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         } else {
             (0..n).collect()
         };
+        // NaN in the context no query sees: before the shallowest query's window.
+        let shallowest = nodes.iter().map(|&i| c.tree.depth(i)).min().unwrap_or(0);
+        let first = window_start(c.ctx + shallowest + 1, c.window).min(c.ctx);
+        for pos in 0..first {
+            for h in 0..c.kv_heads {
+                let at = layout.position_offset(&table, h, pos);
+                k[at..at + c.head_dim].fill(f32::NAN);
+                v[at..at + c.head_dim].fill(f32::NAN);
+            }
+        }
+        let pool = KvPool {
+            layout,
+            k: Buffer::F32(k),
+            v: Buffer::F32(v),
+        };
         let shape = TreeAttnShape {
             q_heads: c.q_heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
+            window: c.window,
+            softcap: c.softcap,
         };
         let at = TreeContext {
             pool: &pool,
@@ -115,7 +164,7 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         .map(|out| ErrorStats::compare(&out, &want))
         .map_err(|e| e.to_string());
         let label = format!(
-            "h{}/{} d{} bs{} ctx{} tree{}{} (height {})",
+            "h{}/{} d{} bs{} ctx{} tree{}{} (height {}){}",
             c.q_heads,
             c.kv_heads,
             c.head_dim,
@@ -123,7 +172,8 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             c.ctx,
             n,
             if c.late_half { " late half" } else { "" },
-            c.tree.height()
+            c.tree.height(),
+            options_label(c.window, c.softcap)
         );
         ctx.record_with(
             "spec",

@@ -2,15 +2,22 @@
 //! (batch, head) and streams Bc-key tiles of K and V through it, keeping the running row max
 //! m, denominator l and unnormalised output O (the FA2 recurrence: O ← e^(m_old−m_new)·O +
 //! P·V, one final O/l). Scores never leave the Br×Bc tile. GQA maps query head h to KV head
-//! h / group without copying K/V; causal tiles past the diagonal are skipped.
+//! h / group without copying K/V. Keys no row of a query tile sees are never touched: the KV
+//! loop runs from the tile's first row's window start to its last row's causal horizon
+//! (`kv_range`; the key tiles start there, not at a multiple of Bc), so with a sliding window
+//! w a full query tile visits ⌈(w + Br − 1) / Bc⌉ key tiles, not kv_len / Bc; only the
+//! boundary tiles are masked element-wise. Soft-capped scores (Gemma-2) take one tanh
+//! per visible score.
 
 use super::gemm::{sgemm_with, widen, GemmBackend, Strides};
+use super::softcap::cap_scores;
 use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
 use crate::{ContiguousAttention, PreparedAttention};
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Cost, DType, Device, Element, KernelError};
 use kernel_cpu::simd;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Default query-tile rows.
 pub const DEFAULT_BR: usize = 128;
@@ -46,6 +53,24 @@ impl Flash2 {
     pub fn scratch_floats(&self, head_dim: usize) -> usize {
         2 * self.br * head_dim + self.br * self.bc + 2 * self.bc * head_dim + 2 * self.br
     }
+
+    /// Key tiles one (batch, head) visits: Σ over its query tiles of ⌈|kv_range| / Bc⌉ —
+    /// the loop count of `q_tile`, from the same bounds.
+    pub fn kv_tiles_per_head(&self, shape: &AttentionShape) -> usize {
+        (0..shape.q_len)
+            .step_by(self.br)
+            .map(|i0| {
+                let rows = self.br.min(shape.q_len - i0);
+                kv_range(shape, i0, rows).len().div_ceil(self.bc)
+            })
+            .sum()
+    }
+}
+
+/// The keys query rows `i0..i0 + rows` need between them: from the first row's first visible
+/// key (its window start) to the last row's causal horizon; every key when not causal.
+fn kv_range(shape: &AttentionShape, i0: usize, rows: usize) -> Range<usize> {
+    shape.visible_keys(i0).start..shape.visible_keys(i0 + rows - 1).end
 }
 
 /// One task: query rows `i0..i0+rows` of one (batch, head) against its KV head.
@@ -69,13 +94,11 @@ fn q_tile<T: Element>(
     let mut l = vec![0.0f32; rows];
     let mut s = vec![0.0f32; rows * cfg.bc];
     let (mut ks, mut vs) = (Vec::new(), Vec::new());
-    // Keys beyond the last row's horizon are never needed.
-    let kv_end = if shape.causal {
-        shape.q_pos(i0 + rows - 1) + 1
-    } else {
-        shape.kv_len
-    };
-    let mut j0 = 0;
+    // Keys before the first row's window and beyond the last row's horizon are never needed.
+    let Range {
+        start: mut j0,
+        end: kv_end,
+    } = kv_range(shape, i0, rows);
     while j0 < kv_end {
         let cols = cfg.bc.min(kv_end - j0);
         let kt = widen(&k[j0 * d..(j0 + cols) * d], &mut ks);
@@ -96,11 +119,20 @@ fn q_tile<T: Element>(
         );
         for r in 0..rows {
             let srow = &mut s[r * cfg.bc..r * cfg.bc + cols];
-            if shape.causal {
-                // Keys after this row's position are masked out of this tile.
-                let seen = (shape.q_pos(i0 + r) + 1).saturating_sub(j0).min(cols);
-                srow[seen..].fill(f32::NEG_INFINITY);
+            // This row's keys within the tile; the others are masked out of it.
+            let seen = shape.visible_keys(i0 + r);
+            let lo = seen.start.saturating_sub(j0).min(cols);
+            let hi = seen.end.saturating_sub(j0).min(cols);
+            if lo >= hi {
+                // Nothing visible here (before this row's window): zero weights, no update.
+                srow.fill(0.0);
+                continue;
             }
+            if let Some(cap) = shape.softcap {
+                cap_scores(cap, &mut srow[lo..hi]);
+            }
+            srow[..lo].fill(f32::NEG_INFINITY);
+            srow[hi..].fill(f32::NEG_INFINITY);
             let m_new = m[r].max(simd::max(srow));
             let row_sum = simd::exp_shifted_sum(srow, m_new);
             let alpha = simd::exp_f32(m[r] - m_new);

@@ -8,3 +8,5 @@ pub mod flash2;
 pub use kernel_cpu::gemm;
 /// Standard attention with the score matrix materialised per head.
 pub mod naive;
+/// Logit soft-capping (cap · tanh(s / cap)) with a vectorisable tanh.
+pub mod softcap;

@@ -1,8 +1,10 @@
 //! "Standard attention" as the claims use the term: per (batch, head) the full score matrix
-//! S = scale·Q·Kᵀ (q_len × kv_len) is materialised with a GEMM, masked, soft-maxed row by row
-//! and multiplied by V with a second GEMM. Memory grows as q_len·kv_len per running head.
+//! S = scale·Q·Kᵀ (q_len × kv_len) is materialised with a GEMM, soft-capped where asked
+//! (Gemma-2), masked (causal, sliding window), soft-maxed row by row and multiplied by V with
+//! a second GEMM. Memory and work grow as q_len·kv_len per running head, window or not.
 
 use super::gemm::{sgemm, widen, Strides};
+use super::softcap::cap_scores;
 use crate::{cpu_only, prepare_contiguous, AttentionInputs, AttentionKernel, AttentionShape};
 use crate::{ContiguousAttention, PreparedAttention};
 use kernel_common::error::Result;
@@ -41,9 +43,13 @@ fn head<T: Element>(shape: &AttentionShape, q: &[T], k: &[T], v: &[T], out: &mut
         lk,
     );
     for (i, row) in s.chunks_exact_mut(lk).enumerate() {
-        let seen = shape.keys_seen(i);
-        let (visible, masked) = row.split_at_mut(seen);
-        masked.fill(0.0);
+        let seen = shape.visible_keys(i);
+        row[..seen.start].fill(0.0);
+        row[seen.end..].fill(0.0);
+        let visible = &mut row[seen];
+        if let Some(cap) = shape.softcap {
+            cap_scores(cap, visible);
+        }
         let m = simd::max(visible);
         let l = simd::exp_shifted_sum(visible, m);
         simd::scale(1.0 / l, visible);

@@ -1,17 +1,33 @@
 // attention.cu: contiguous attention on the GPU. Layouts as the CPU variants: q/out
 // [batch, q_heads, q_len, d], k/v [batch, kv_heads, kv_len, d]; GQA by index (query head h
 // reads KV head h / (q_heads / kv_heads)); causal queries are the last q_len positions.
+// window > 0 (causal only): the query at position p sees key j iff j <= p and p - j < window
+// (transformers' sliding_window, llama.cpp's LLAMA_SWA_TYPE_STANDARD); 0 = no window.
+// softcap > 0: scores become softcap * tanh(scale * q.k / softcap) before mask and softmax
+// (Gemma-2); 0 = plain scores.
 //
 // naive_*: "standard attention" in three launches with the scores materialised in f32
 //   (S = scale·QKᵀ masked → row softmax in place → O = P·V).
 // flash2_d{64,128}_*: FlashAttention-2 (Dao 2023) forward: a block of 4 warps owns 64 query
 //   rows (16 per warp, Q in registers), streams 64-key K/V tiles through shared memory, does
 //   S = Q·Kᵀ and O += P·V with m16n8k16 tensor-core MMAs (f16/bf16 operands, f32
-//   accumulators), an online softmax in the log2 domain per row, and one final 1/l.
+//   accumulators), an online softmax in the log2 domain per row, and one final 1/l. The key
+//   loop starts at the block's first row's window start: tiles no row sees are not loaded.
+
+// Score s (already scaled) after the optional soft-cap.
+__device__ __forceinline__ float soft_capped(float s, float softcap) {
+    return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
+// Whether the query at position `pos` sees key `key` (causal horizon, sliding window).
+__device__ __forceinline__ bool sees(int key, int pos, int causal, int window) {
+    return (!causal || key <= pos) && (window <= 0 || pos - key < window);
+}
 
 template <typename T>
 __device__ void naive_scores(const T* __restrict__ q, const T* __restrict__ k, float* __restrict__ s,
-                             int hq, int hkv, int lq, int lk, int d, int causal, float scale) {
+                             int hq, int hkv, int lq, int lk, int d, int causal, float scale,
+                             int window, float softcap) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     const int i = blockIdx.y;
     const int bh = blockIdx.z;
@@ -21,8 +37,8 @@ __device__ void naive_scores(const T* __restrict__ q, const T* __restrict__ k, f
     const T* kr = k + (((size_t)b * hkv + hk) * lk + j) * d;
     float acc = 0.0f;
     for (int e = 0; e < d; ++e) acc += to_f32(qr[e]) * to_f32(kr[e]);
-    const bool visible = !causal || j <= lk - lq + i;
-    s[((size_t)bh * lq + i) * lk + j] = visible ? acc * scale : -CUDART_INF_F;
+    const bool visible = sees(j, lk - lq + i, causal, window);
+    s[((size_t)bh * lq + i) * lk + j] = visible ? soft_capped(acc * scale, softcap) : -CUDART_INF_F;
 }
 
 // One warp per score row: max, exp, sum, normalise in place.
@@ -64,8 +80,8 @@ __device__ void naive_pv(const float* __restrict__ p, const T* __restrict__ v, T
 #define NAIVE_ENTRIES(T, NAME)                                                                   \
     extern "C" __global__ void naive_scores_##NAME(const T* q, const T* k, float* s, int hq,     \
                                                    int hkv, int lq, int lk, int d, int causal,   \
-                                                   float scale) {                                \
-        naive_scores<T>(q, k, s, hq, hkv, lq, lk, d, causal, scale);                             \
+                                                   float scale, int window, float softcap) {     \
+        naive_scores<T>(q, k, s, hq, hkv, lq, lk, d, causal, scale, window, softcap);            \
     }                                                                                            \
     extern "C" __global__ void naive_pv_##NAME(const float* p, const T* v, T* o, int hq, int hkv, \
                                                int lq, int lk, int d) {                          \
@@ -96,22 +112,32 @@ __device__ __forceinline__ void load_q_fragments(const T* qb, int r_lo, int r_hi
     }
 }
 
-// One tile's scores S (16 rows × BC keys from key j0) → probabilities P in place: scale into
-// the log2 domain, mask (past kv_len; causal future), then the online softmax per row — the
-// quad of lanes sharing a row agrees on its max, the running sums and O are rescaled.
+// The first key any row of the block starting at query row `row0` sees: its window start.
+__device__ __forceinline__ int first_key(int row0, int offset, int causal, int window) {
+    return (causal && window > 0) ? max(0, offset + row0 + 1 - window) : 0;
+}
+
+// One tile's scores S (16 rows × BC keys from key j0) → probabilities P in place: scale
+// (soft-cap when softcap > 0) into the log2 domain, mask (past kv_len; causal future; before
+// the row's window), then the online softmax per row — the quad of lanes sharing a row agrees
+// on its max, the running sums and O are rescaled.
 template <int D, int BC>
 __device__ __forceinline__ void online_softmax(float (&s)[BC / 8][4], float (&acc)[D / 8][4],
                                                float (&m)[2], float (&l)[2], int j0, int r_lo,
-                                               int r_hi, int lk, int causal, int offset,
-                                               float sl2, int t4) {
+                                               int r_hi, int lk, int causal, int window,
+                                               int offset, float scale, float softcap, int t4) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float sl2 = scale * LOG2E;
+    const float cap_in = softcap > 0.0f ? scale / softcap : 0.0f, cap_out = softcap * LOG2E;
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
             const int row = (e < 2) ? r_lo : r_hi;
-            const bool ok = key < lk && (!causal || key <= offset + row);
-            s[nt][e] = ok ? s[nt][e] * sl2 : -CUDART_INF_F;
+            const bool ok = key < lk && sees(key, offset + row, causal, window);
+            const float x = softcap > 0.0f ? cap_out * tanhf(s[nt][e] * cap_in) : s[nt][e] * sl2;
+            s[nt][e] = ok ? x : -CUDART_INF_F;
         }
     }
 #pragma unroll
@@ -174,7 +200,7 @@ __device__ __forceinline__ void store_output(T* ob, const float (&acc)[D / 8][4]
 template <typename T, int D>
 __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        T* __restrict__ o, int hq, int hkv, int lq, int lk, int causal,
-                       float scale) {
+                       float scale, int window, float softcap) {
     constexpr int LD = D + FA_PAD;
     __shared__ __align__(16) T ks[FA_BC * LD];
     __shared__ __align__(16) T vs[FA_BC * LD];
@@ -199,9 +225,9 @@ __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T
     const int offset = lk - lq;  // causal: row i sits at position offset + i
     const int last_row = min(lq, (int)blockIdx.x * FA_BR + FA_BR) - 1;
     const int kend = causal ? min(lk, offset + last_row + 1) : lk;
-    const float sl2 = scale * 1.4426950408889634f;
+    const int kbegin = first_key((int)blockIdx.x * FA_BR, offset, causal, window);
 
-    for (int j0 = 0; j0 < kend; j0 += FA_BC) {
+    for (int j0 = kbegin; j0 < kend; j0 += FA_BC) {
         __syncthreads();  // the previous tile is no longer read
         for (int c = threadIdx.x; c < FA_BC * D / 8; c += blockDim.x) {
             const int r = c / (D / 8), col = (c % (D / 8)) * 8;
@@ -228,7 +254,8 @@ __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T
                 mma16816<T>(s[nt], qa[kk], bf);
             }
         }
-        online_softmax<D, FA_BC>(s, acc, m, l, j0, r_lo, r_hi, lk, causal, offset, sl2, t4);
+        online_softmax<D, FA_BC>(s, acc, m, l, j0, r_lo, r_hi, lk, causal, window, offset, scale,
+                                 softcap, t4);
         // O += P·V: P re-packed from C fragments into A fragments, V read transposed.
 #pragma unroll
         for (int kk = 0; kk < FA_BC / 16; ++kk) {
@@ -250,8 +277,8 @@ __device__ void flash2(const T* __restrict__ q, const T* __restrict__ k, const T
 #define FLASH2_ENTRY(T, NAME, D)                                                                  \
     extern "C" __global__ void __launch_bounds__(128)                                            \
         flash2_d##D##_##NAME(const T* q, const T* k, const T* v, T* o, int hq, int hkv, int lq,  \
-                             int lk, int causal, float scale) {                                  \
-        flash2<T, D>(q, k, v, o, hq, hkv, lq, lk, causal, scale);                                \
+                             int lk, int causal, float scale, int window, float softcap) {       \
+        flash2<T, D>(q, k, v, o, hq, hkv, lq, lk, causal, scale, window, softcap);               \
     }
 FLASH2_ENTRY(__half, f16, 64)
 FLASH2_ENTRY(__half, f16, 128)
@@ -264,7 +291,8 @@ FLASH2_ENTRY(bf16, bf16, 128)
 // at d 128 (two stages of K and V within the 48 KiB of static shared memory).
 template <typename T, int D, int BC>
 __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                        T* __restrict__ o, int hq, int hkv, int lq, int lk, int causal, float scale) {
+                        T* __restrict__ o, int hq, int hkv, int lq, int lk, int causal, float scale,
+                        int window, float softcap) {
     constexpr int LD = D + FA_PAD;
     __shared__ __align__(16) T ks[2][BC * LD];
     __shared__ __align__(16) T vs[2][BC * LD];
@@ -288,11 +316,11 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
     const int offset = lk - lq;
     const int last_row = min(lq, (int)blockIdx.x * FA_BR + FA_BR) - 1;
     const int kend = causal ? min(lk, offset + last_row + 1) : lk;
-    const float sl2 = scale * 1.4426950408889634f;
-    const int tiles = (kend + BC - 1) / BC;
+    const int kbegin = first_key((int)blockIdx.x * FA_BR, offset, causal, window);
+    const int tiles = max(0, kend - kbegin + BC - 1) / BC;
     // Rows past kv_len are zero-filled (a 0-byte source).
     auto load_tile = [&](int tile, int stage) {
-        const int j0 = tile * BC;
+        const int j0 = kbegin + tile * BC;
         for (int c = threadIdx.x; c < BC * D / 8; c += blockDim.x) {
             const int r = c / (D / 8), col = (c % (D / 8)) * 8;
             const bool in = j0 + r < lk;
@@ -316,7 +344,7 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
         __syncthreads();  // tile t is in shared memory for every thread
         const T* kt = ks[stage];
         const T* vt = vs[stage];
-        const int j0 = t * BC;
+        const int j0 = kbegin + t * BC;
         float s[BC / 8][4];
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -332,7 +360,8 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
                 mma16816<T>(s[2 * np + 1], qa[kk], b1);
             }
         }
-        online_softmax<D, BC>(s, acc, m, l, j0, r_lo, r_hi, lk, causal, offset, sl2, t4);
+        online_softmax<D, BC>(s, acc, m, l, j0, r_lo, r_hi, lk, causal, window, offset, scale,
+                              softcap, t4);
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
             u32 pa[4];
@@ -356,8 +385,8 @@ __device__ void flash2p(const T* __restrict__ q, const T* __restrict__ k, const 
 #define FLASH2P_ENTRY(T, NAME, D, BC)                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                            \
         flash2p_d##D##_##NAME(const T* q, const T* k, const T* v, T* o, int hq, int hkv, int lq, \
-                              int lk, int causal, float scale) {                                 \
-        flash2p<T, D, BC>(q, k, v, o, hq, hkv, lq, lk, causal, scale);                           \
+                              int lk, int causal, float scale, int window, float softcap) {      \
+        flash2p<T, D, BC>(q, k, v, o, hq, hkv, lq, lk, causal, scale, window, softcap);          \
     }
 FLASH2P_ENTRY(__half, f16, 64, 64)
 FLASH2P_ENTRY(__half, f16, 128, 32)

@@ -1,6 +1,7 @@
 //! CUDA variants of contiguous attention: `cuda_naive` (materialised scores, three launches)
 //! and `cuda_flash2` (FlashAttention-2 with m16n8k16 tensor-core MMAs), compiled from
-//! `attention.cu` by NVRTC at first use. Host side: launch plans (pure, unit-tested on the
+//! `attention.cu` by NVRTC at first use; both take the shape's sliding window (flash2 starts
+//! its key loop at a block's window start) and logit soft-cap. Host side: launch plans (pure, unit-tested on the
 //! CPU) and the `AttentionKernel` implementations that upload in `prepare`, launch in `run`
 //! and time with CUDA events.
 
@@ -146,6 +147,19 @@ pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<Atte
     }
 }
 
+/// The window and soft-cap as the kernels take them: window clamped to `reach` (a window
+/// that long already reaches every key; 0 = none) as an i32, cap as an f32 (0 = none).
+pub fn device_options(
+    window: Option<usize>,
+    softcap: Option<f32>,
+    reach: usize,
+) -> Result<(i32, f32)> {
+    Ok((
+        int_arg("window", window.map_or(0, |w| w.min(reach)))?,
+        softcap.unwrap_or(0.0),
+    ))
+}
+
 /// A CUDA attention variant for the registry (`cuda_naive`, `cuda_flash2`).
 #[derive(Debug, Clone, Copy)]
 pub struct CudaAttention {
@@ -238,6 +252,7 @@ impl PreparedCuda {
         let d = int_arg("head_dim", s.head_dim)?;
         let causal = s.causal as i32;
         let scale = s.scale;
+        let (window, softcap) = device_options(s.window, s.softcap, s.kv_len)?;
         let rt = &self.rt;
         for (planned, f) in self.plan.launches.iter().zip(&self.functions) {
             let l = planned.launch;
@@ -255,7 +270,9 @@ impl PreparedCuda {
                     &lq,
                     &lk,
                     &causal,
-                    &scale
+                    &scale,
+                    &window,
+                    &softcap
                 )?;
             } else if planned.entry.starts_with("naive_scores") {
                 cuda_launch!(
@@ -271,7 +288,9 @@ impl PreparedCuda {
                     &lk,
                     &d,
                     &causal,
-                    &scale
+                    &scale,
+                    &window,
+                    &softcap
                 )?;
             } else if planned.entry == "naive_softmax_f32" {
                 let rows = (s.batch * s.q_heads * s.q_len) as i64;

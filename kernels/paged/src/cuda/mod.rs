@@ -1,13 +1,14 @@
 //! CUDA paged attention: decode (one partition per sequence, or split-KV with its
-//! log-sum-exp reduction) and append, compiled from `paged.cu` by NVRTC at first use. The
-//! launch plan (warps per block, row chunks, partitions, grids, scratch sizes) is pure and
+//! log-sum-exp reduction) and append, compiled from `paged.cu` by NVRTC at first use, with the
+//! shape's sliding window (partitions over the positions the window reaches) and soft-cap.
+//! The launch plan (warps per block, row chunks, partitions, grids, scratch sizes) is pure and
 //! unit-tested on the CPU; `paged_decode_cuda`/`paged_append_cuda` run one call on the device
 //! and `CudaPaged` (`cuda_paged:bs=..,split=..`) stands beside `paged` in experiments.
 
 use crate::adapter::{decode_shape, experiment_pool, paged_cost, require_causal, variant_name};
 use crate::decode::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
-use attention_kernels::cuda::{cuda_only, CUDA_HEAD_DIMS};
+use attention_kernels::cuda::{cuda_only, device_options, CUDA_HEAD_DIMS};
 use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Cost, DType, Device, KernelError};
@@ -70,7 +71,8 @@ pub struct DecodePlan {
     pub lse_elems: usize,
 }
 
-/// Tokens per partition on the GPU: `Off` = the longest context, `Tokens(n)` = n, `Auto` =
+/// Tokens per partition on the GPU (of the positions a sequence's rows see, all of them or
+/// the window's reach): `Off` = the longest such range, `Tokens(n)` = n, `Auto` =
 /// enough partitions for `AUTO_BLOCKS_PER_SM` blocks per multiprocessor, none shorter than
 /// `AUTO_MIN_PARTITION` tokens. One value for the whole batch (the kernel takes one).
 pub fn partition_tokens(split: SplitKv, max_ctx: usize, base_blocks: usize, sms: usize) -> usize {
@@ -116,9 +118,14 @@ pub fn plan_decode(
     let warps = rows.div_ceil(ROWS_PER_WARP).clamp(1, MAX_WARPS);
     let row_chunks = rows.div_ceil(warps * ROWS_PER_WARP);
     let batch = context_lens.len();
-    let max_ctx = context_lens.iter().copied().max().unwrap_or(1);
-    let part_tokens = partition_tokens(split, max_ctx, shape.kv_heads * row_chunks * batch, sms);
-    let parts = max_ctx.div_ceil(part_tokens);
+    // Partitions cover the positions some row sees (`visible_range`), as on the CPU.
+    let max_seen = context_lens
+        .iter()
+        .map(|&c| shape.visible_range(c).len())
+        .max()
+        .unwrap_or(1);
+    let part_tokens = partition_tokens(split, max_seen, shape.kv_heads * row_chunks * batch, sms);
+    let parts = max_seen.div_ceil(part_tokens);
     let dt = dtype_suffix(dtype);
     let decode = Launch::new((shape.kv_heads * row_chunks, batch, parts), warps * 32, 0)?;
     let out_rows = batch * shape.q_heads * shape.q_len;
@@ -180,6 +187,9 @@ pub struct DeviceDecode {
     pub out: DeviceBuffer,
     part_o: CudaSlice<u8>,
     part_lse: CudaSlice<u8>,
+    /// The window and soft-cap as kernel arguments (0 = none).
+    window: i32,
+    softcap: f32,
 }
 
 impl DeviceDecode {
@@ -215,6 +225,8 @@ impl DeviceDecode {
             .iter()
             .map(|&l| int_arg("context length", l))
             .collect::<Result<_>>()?;
+        let max_ctx = batch.context_lens.iter().copied().max().unwrap_or(1);
+        let (window, softcap) = device_options(shape.window, shape.softcap, max_ctx)?;
         Ok(DeviceDecode {
             k: DeviceBuffer::upload(&rt, &pool.k)?,
             v: DeviceBuffer::upload(&rt, &pool.v)?,
@@ -224,6 +236,8 @@ impl DeviceDecode {
             out: DeviceBuffer::poisoned(&rt, dtype, shape.q_elems(batch.len()))?,
             part_o: rt.zeros::<u8>(plan.partial_elems * 4)?,
             part_lse: rt.zeros::<u8>(plan.lse_elems * 4)?,
+            window,
+            softcap,
             shape: *shape,
             layout: pool.layout,
             batch: batch.len(),
@@ -276,7 +290,9 @@ impl DeviceDecode {
             &max_blocks,
             &part_tokens,
             &row_chunks,
-            &scale
+            &scale,
+            &self.window,
+            &self.softcap
         )?;
         if let (Some(f), Some((_, l))) = (&self.reduce_fn, &self.plan.reduce) {
             cuda_launch!(
@@ -291,7 +307,8 @@ impl DeviceDecode {
                 &hq,
                 &q_len,
                 &d,
-                &part_tokens
+                &part_tokens,
+                &self.window
             )?;
         }
         Ok(())
@@ -459,6 +476,8 @@ mod tests {
             head_dim: 128,
             q_len,
             scale: 0.1,
+            window: None,
+            softcap: None,
         }
     }
 
@@ -512,6 +531,31 @@ mod tests {
         assert_eq!(reduce.grid.0, 3 * 8);
         assert_eq!(p.partial_elems, 10 * 3 * 8 * 128);
         assert_eq!(p.lse_elems, 10 * 3 * 8);
+    }
+
+    #[test]
+    fn a_window_partitions_only_what_it_reaches() {
+        // 4096-token contexts, window 512: the split cuts 512 positions, not 4096.
+        let w = shape(8, 8, 1).with_window(Some(512));
+        let p = plan_decode(&w, &[4096, 4096], DType::F16, SplitKv::Tokens(128), 1, 132).unwrap();
+        assert_eq!((p.parts, p.part_tokens), (4, 128));
+        let whole = plan_decode(&w, &[4096, 300], DType::F16, SplitKv::Off, 1, 132).unwrap();
+        assert_eq!((whole.parts, whole.part_tokens), (1, 512));
+        assert!(whole.reduce.is_none());
+        // A window past every context changes nothing.
+        let wide = shape(8, 8, 1).with_window(Some(10_000));
+        assert_eq!(
+            plan_decode(&wide, &[4096], DType::F16, SplitKv::Tokens(128), 1, 132).unwrap(),
+            plan_decode(
+                &shape(8, 8, 1),
+                &[4096],
+                DType::F16,
+                SplitKv::Tokens(128),
+                1,
+                132
+            )
+            .unwrap()
+        );
     }
 
     #[test]

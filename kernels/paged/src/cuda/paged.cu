@@ -1,7 +1,9 @@
 // paged.cu: paged attention on the GPU (vLLM PagedAttention; split-KV as FlashDecoding).
 // Pool layout as the CPU side: [num_blocks, kv_heads, block_size, d]; block tables i32
 // [batch, max_blocks]; q/out [batch, q_heads, q_len, d]; the q_len new tokens are the last
-// positions of each context (row i sees keys 0 ..= ctx − q_len + i).
+// positions of each context (row i sees keys 0 ..= ctx − q_len + i; with window > 0 only the
+// last `window` of them: key j iff j <= p and p − j < window, p = ctx − q_len + i).
+// softcap > 0: scores become softcap · tanh(scale · q·k / softcap) (Gemma-2); 0 = off.
 //
 // paged_decode_d{64,128}_*: one block per (KV head · row chunk, sequence, partition).
 //   Each warp owns 2 query rows of the KV head's group and walks the partition's keys four
@@ -9,11 +11,18 @@
 //   3-shuffle dot product, an online softmax per (row, key lane group) in the log2 domain,
 //   merged across the 4 groups at the end. K/V rows are read once per row chunk.
 //   One partition: normalised output written directly. Several: f32 partial outputs and
-//   log2-sum-exp per partition, combined by paged_reduce_*.
+//   log2-sum-exp per partition, combined by paged_reduce_*. Partitions cover only the
+//   positions some row of the sequence sees (from the first row's window start), so blocks
+//   wholly before the window are never read and no partition is empty.
 // paged_append_*: writes new tokens' K/V ([tokens, kv_heads, d]) into pool slots
 //   (slot = block·block_size + offset; negative = padding, skipped).
 
 constexpr int ROWS_PER_WARP = 2;
+
+// The first position any of a sequence's q_len new rows sees: the first row's window start.
+__device__ __forceinline__ int visible_start(int ctx, int q_len, int window) {
+    return window > 0 ? max(0, ctx - q_len + 1 - window) : 0;
+}
 
 template <typename T, int D, int KPI>
 __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
@@ -21,7 +30,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
                              const int* __restrict__ ctx_lens, T* __restrict__ out,
                              float* __restrict__ part_o, float* __restrict__ part_lse, int batch,
                              int hq, int hkv, int q_len, int bs, int max_blocks, int part_tokens,
-                             int row_chunks, float scale) {
+                             int row_chunks, float scale, int window, float softcap) {
     constexpr int CH = D / 64;  // 8-element chunks per lane
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int sub = lane & 7, kg = lane >> 3;
@@ -29,12 +38,16 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
     const int b = blockIdx.y, part = blockIdx.z;
     const int group = hq / hkv, rows = group * q_len;
     const int ctx = ctx_lens[b];
-    const int n_parts = (ctx + part_tokens - 1) / part_tokens;
+    const int k_first = visible_start(ctx, q_len, window);
+    const int n_parts = (ctx - k_first + part_tokens - 1) / part_tokens;
     if (part >= n_parts) return;
-    const int k_begin = part * part_tokens, k_end = min(ctx, k_begin + part_tokens);
+    const int k_begin = k_first + part * part_tokens, k_end = min(ctx, k_begin + part_tokens);
     const int row0 = chunk * (blockDim.x >> 5) * ROWS_PER_WARP + warp * ROWS_PER_WARP;
     if (row0 >= rows) return;
     const float sl2 = scale * 1.4426950408889634f;
+    // Soft-cap in the log2 domain: s = sl2·q·k → cap·log2e · tanh(s / (cap·log2e)).
+    const float cap_l2 = softcap * 1.4426950408889634f;
+    const float cap_inv = softcap > 0.0f ? 1.0f / cap_l2 : 0.0f;
 
     float qv[ROWS_PER_WARP][CH * 8];
     float acc[ROWS_PER_WARP][CH * 8];
@@ -88,7 +101,9 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
 #pragma unroll
                 for (int e = 0; e < CH * 8; ++e) s += qv[r][e] * kv[u][e];
                 s = group_sum(s, 8);
-                if (!live || j > last_key[r]) continue;  // uniform over the 8 lanes of the key
+                // Uniform over the 8 lanes of the key: past the horizon or before the window.
+                if (!live || j > last_key[r] || (window > 0 && last_key[r] - j >= window)) continue;
+                if (softcap > 0.0f) s = cap_l2 * tanhf(s * cap_inv);
                 const float mnew = fmaxf(m[r], s);
                 const float corr = exp2f(m[r] - mnew);  // m = -inf → 0
                 const float p = exp2f(s - mnew);
@@ -150,10 +165,11 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
 template <typename T>
 __device__ void paged_reduce(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                              const int* __restrict__ ctx_lens, T* __restrict__ out, int batch,
-                             int hq, int q_len, int d, int part_tokens) {
+                             int hq, int q_len, int d, int part_tokens, int window) {
     const size_t row = blockIdx.x;  // (b·hq + head)·q_len + i
     const int b = (int)(row / ((size_t)hq * q_len));
-    const int n_parts = (ctx_lens[b] + part_tokens - 1) / part_tokens;
+    const int ctx = ctx_lens[b];
+    const int n_parts = (ctx - visible_start(ctx, q_len, window) + part_tokens - 1) / part_tokens;
     if (n_parts <= 1) return;
     const size_t stride = (size_t)batch * hq * q_len;
     float mx = -CUDART_INF_F;
@@ -191,9 +207,11 @@ __device__ void paged_append(const T* __restrict__ k_new, const T* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256) PREFIX##D##_##NAME(                        \
         const T* q, const T* kp, const T* vp, const int* tables, const int* ctx_lens, T* out,    \
         float* part_o, float* part_lse, int batch, int hq, int hkv, int q_len, int bs,           \
-        int max_blocks, int part_tokens, int row_chunks, float scale) {                          \
+        int max_blocks, int part_tokens, int row_chunks, float scale, int window,                \
+        float softcap) {                                                                         \
         paged_decode<T, D, KPI>(q, kp, vp, tables, ctx_lens, out, part_o, part_lse, batch, hq,   \
-                                hkv, q_len, bs, max_blocks, part_tokens, row_chunks, scale);     \
+                                hkv, q_len, bs, max_blocks, part_tokens, row_chunks, scale,      \
+                                window, softcap);                                                \
     }
 #define PAGED_ENTRIES(T, NAME)                                                                    \
     PAGED_DECODE_ENTRY(T, NAME, 64, 1, paged_decode_d)                                            \
@@ -202,8 +220,10 @@ __device__ void paged_append(const T* __restrict__ k_new, const T* __restrict__ 
     PAGED_DECODE_ENTRY(T, NAME, 128, 2, paged_decode_k2_d)                                        \
     extern "C" __global__ void paged_reduce_##NAME(const float* part_o, const float* part_lse,   \
                                                    const int* ctx_lens, T* out, int batch,       \
-                                                   int hq, int q_len, int d, int part_tokens) {  \
-        paged_reduce<T>(part_o, part_lse, ctx_lens, out, batch, hq, q_len, d, part_tokens);      \
+                                                   int hq, int q_len, int d, int part_tokens,    \
+                                                   int window) {                                 \
+        paged_reduce<T>(part_o, part_lse, ctx_lens, out, batch, hq, q_len, d, part_tokens,       \
+                        window);                                                                 \
     }                                                                                            \
     extern "C" __global__ void paged_append_##NAME(const T* k_new, const T* v_new,               \
                                                    const int* slots, T* kp, T* vp, int hkv,      \

@@ -1,8 +1,10 @@
 //! CUDA tree attention (the draft-tree mask kernel), compiled from `spec.cu` by NVRTC: the
 //! same contract as `tree_attention` (f32 pool, queries of some nodes over the context and
-//! their own paths), with the tree mask uploaded as bytes.
+//! their own paths, sliding window in positions, soft-cap), with the tree mask uploaded as
+//! bytes and the node depths as i32 (a node's position is ctx + depth).
 
 use crate::attention::{check, TreeAttnShape, TreeContext};
+use attention_kernels::cuda::device_options;
 use kernel_common::error::Result;
 use kernel_common::{Buffer, KernelError};
 use kernel_cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes};
@@ -38,6 +40,13 @@ pub fn mask_bytes(at: &TreeContext) -> Vec<u8> {
     at.tree.mask().into_iter().map(u8::from).collect()
 }
 
+/// Node depths as the kernel takes them (i32, one per tree node).
+pub fn depths(at: &TreeContext) -> Result<Vec<i32>> {
+    (0..at.tree.len())
+        .map(|i| int_arg("depth", at.tree.depth(i)))
+        .collect()
+}
+
 /// Tree attention on the device; `q` and the result are `[nodes.len(), q_heads, head_dim]`.
 pub fn tree_attention_cuda(shape: &TreeAttnShape, at: &TreeContext, q: &[f32]) -> Result<Vec<f32>> {
     check(shape, at, q, q.len())?;
@@ -64,11 +73,13 @@ pub fn tree_attention_cuda(shape: &TreeAttnShape, at: &TreeContext, q: &[f32]) -
         rt.upload(&f32_bytes(k))?,
         rt.upload(&f32_bytes(v))?,
     );
-    let (td, md, nd) = (
+    let (td, md, nd, dd) = (
         rt.upload(&i32_bytes(&table))?,
         rt.upload(&mask_bytes(at))?,
         rt.upload(&i32_bytes(&nodes))?,
+        rt.upload(&i32_bytes(&depths(at)?))?,
     );
+    let (window, softcap) = device_options(shape.window, shape.softcap, at.ctx + at.tree.len())?;
     let mut out = rt.upload(&f32_bytes(&vec![f32::NAN; q.len()]))?;
     let l = at.pool.layout;
     let args = [
@@ -90,6 +101,7 @@ pub fn tree_attention_cuda(shape: &TreeAttnShape, at: &TreeContext, q: &[f32]) -
         &td,
         &md,
         &nd,
+        &dd,
         &mut out,
         &args[0],
         &args[1],
@@ -98,7 +110,9 @@ pub fn tree_attention_cuda(shape: &TreeAttnShape, at: &TreeContext, q: &[f32]) -
         &args[4],
         &args[5],
         &args[6],
-        &shape.scale
+        &shape.scale,
+        &window,
+        &softcap
     )?;
     rt.sync()?;
     Ok(f32_from_bytes(&rt.download(&out)?))
@@ -117,6 +131,8 @@ mod tests {
             kv_heads: 3,
             head_dim: 64,
             scale: 0.125,
+            window: None,
+            softcap: None,
         };
         assert_eq!(plan_tree_attention(&s, 10).unwrap().grid.0, 23); // ⌈90 / 4⌉
         let wide = TreeAttnShape { head_dim: 256, ..s };
