@@ -65,6 +65,12 @@ pub struct PerplexityArgs {
     /// Write the text's token ids (a JSON array) here, to score the same tokens elsewhere.
     #[arg(long, value_name = "FILE")]
     pub save_tokens: Option<PathBuf>,
+    /// Score these token ids (a JSON array, as --save-tokens or `llama-tokenize --ids` write
+    /// them) instead of the text's tokenization by the model's tokenizer: the same tokens
+    /// llama-perplexity scores, or a model whose tokenizer is not built here. --text still
+    /// names the text they came from.
+    #[arg(long, value_name = "FILE", conflicts_with = "save_tokens")]
+    pub tokens: Option<PathBuf>,
     /// Worker threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -137,6 +143,20 @@ pub fn model_id(model: &str) -> Result<String> {
     Ok(format!("sha256:{hex}"))
 }
 
+/// Token ids from a JSON array file, each inside the vocabulary.
+fn read_tokens(path: &Path, vocab: usize) -> Result<Vec<u32>> {
+    let bad = |m: String| HarnessError::Usage(format!("--tokens {}: {m}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let ids: Vec<u32> = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("not a JSON array of token ids ({e})")))?;
+    if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(bad(format!(
+            "token id {t} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(ids)
+}
+
 /// Runs `harness eval perplexity`; the report is printed by the caller.
 pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityReport> {
     let text = Text::resolve(&a.text, root)?;
@@ -151,16 +171,22 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         ..LoadOptions::default()
     };
     let loaded = load(&path, &opts)?;
-    let tokenizer = loaded.tokenizer.ok_or_else(|| {
-        HarnessError::Usage(format!(
-            "--model {}: it has no tokenizer (a preset); perplexity needs a real model",
-            a.model
-        ))
-    })?;
     let model = loaded.model;
+    let tokens = match &a.tokens {
+        Some(p) => read_tokens(p, model.cfg.vocab)?,
+        None => {
+            let tokenizer = loaded.tokenizer.ok_or_else(|| {
+                HarnessError::Usage(format!(
+                    "--model {}: it has no tokenizer ({}); perplexity needs a real model's, or --tokens",
+                    a.model,
+                    loaded.tokenizer_note.as_deref().unwrap_or("a preset")
+                ))
+            })?;
+            tokenizer.encode(&text.content)?
+        }
+    };
     let weights_line = crate::model_source::weights_line(&model);
     let weight_bytes = crate::model_source::weight_bytes_by_type(&model);
-    let tokens = tokenizer.encode(&text.content)?;
     if let Some(p) = &a.save_tokens {
         std::fs::write(p, serde_json::to_string(&tokens).expect("serialisable"))
             .map_err(|e| HarnessError::Usage(format!("--save-tokens {}: {e}", p.display())))?;

@@ -176,14 +176,16 @@ pub struct SpecSummary {
 pub fn prompt_ids(
     args: &GenerateArgs,
     tok: Option<&TextTokenizer>,
+    note: Option<&str>,
     vocab: usize,
 ) -> Result<Vec<u32>> {
     let ids = match (&args.prompt, &args.prompt_ids, tok) {
         (Some(p), None, Some(tok)) => tok.encode(p)?,
         (Some(_), None, None) => {
             return Err(HarnessError::Usage(format!(
-                "--model {} has no tokenizer: give --prompt-ids",
-                args.model
+                "--model {} has no tokenizer{}: give --prompt-ids",
+                args.model,
+                note.map_or(String::new(), |n| format!(" ({n})"))
             )))
         }
         (None, Some(ids), _) => ids.clone(),
@@ -247,7 +249,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     }
     let loaded = load(&crate::model_source::resolve_model(&args.model)?, &opts)?;
     let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
-    let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
+    let prompt_ids = prompt_ids(args, tok, loaded.tokenizer_note.as_deref(), model.cfg.vocab)?;
     if prompt_ids.len().saturating_add(args.max_new_tokens) > model.cfg.context {
         return Err(HarnessError::Usage(format!(
             "{} prompt tokens + {} new tokens exceed the model's context of {}",
@@ -272,9 +274,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     ) {
         return Err(HarnessError::Usage(format!("this generation {note}")));
     }
-    if args.format == Format::Table {
-        eprintln!("{}", weights_line(model));
-    }
+
     let mut session = Session::new(
         model,
         prompt_ids.len() + args.max_new_tokens,
@@ -412,6 +412,7 @@ fn report(args: &GenerateArgs, loaded: &models::Loaded, out: &Generation) -> Res
         Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
         Format::Table => {
             println!();
+            eprintln!("{}", weights_line(&loaded.model));
             eprintln!(
                 "{}: {} prompt + {} generated tokens; time to first token {:.1} ms, {} per output token",
                 loaded.source,
