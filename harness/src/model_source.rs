@@ -1,7 +1,8 @@
 //! Models as experiments and commands name them: `smollm2` (the GGUF that
 //! scripts/fetch-models.sh fetched), a preset, a checkpoint path; and the speculative drafters
 //! (`ngram[:N]`, the target in a cheaper format, its first N layers, another model) built for a
-//! loaded target. Shared by `harness generate` and the serving, decode and spec experiments.
+//! loaded target; the one line of a loaded model's bytes per stored type. Shared by `harness
+//! generate`, `harness eval` and the serving, decode and spec experiments.
 
 use crate::error::{HarnessError, Result};
 use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
@@ -66,4 +67,27 @@ pub fn drafter(
             .map_err(|e| HarnessError::Usage(format!("--spec-draft {spec}: {e}")))?;
     }
     Ok(Box::new(ModelDrafter::new(model, spec, capacity, sampler)?))
+}
+
+/// The bytes a loaded model holds per stored type, largest first.
+pub fn weight_bytes_by_type(m: &models::Llama) -> std::collections::BTreeMap<String, usize> {
+    m.bytes_by_format()
+        .into_iter()
+        .map(|(f, n)| (f.to_string(), n))
+        .collect()
+}
+
+/// "weights: 374.2 MB — q5_0 260.1, q8_0 61.2, q6_k 30.9, f32 2.4" (MB = 10⁶ bytes).
+pub fn weights_line(m: &models::Llama) -> String {
+    let by = m.bytes_by_format();
+    let total: usize = by.iter().map(|(_, n)| n).sum();
+    let parts: Vec<String> = by
+        .iter()
+        .map(|(f, n)| format!("{f} {:.1}", *n as f64 / 1e6))
+        .collect();
+    format!(
+        "weights: {:.1} MB — {}",
+        total as f64 / 1e6,
+        parts.join(", ")
+    )
 }

@@ -1024,3 +1024,67 @@ fn default_folders_come_from_where_the_user_stands() {
     let out = harness_in(&outside.0, Some(&other.0), &["list"]);
     assert!(text(&out.stdout).contains("only_in_the_other"));
 }
+
+/// `generate --model X --prompt-ids 1`: a model file the loader refuses is exit 2 and one
+/// line naming the tensor and its ggml type, or the architecture and the key.
+#[test]
+fn bad_model_files_are_one_line() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/data");
+    let tmp = TempDir::new("cli", "bad-model-files");
+    let generate = |model: &Path| {
+        harness(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "1",
+            "--max-new-tokens",
+            "1",
+        ])
+    };
+    let refused = |out: &Output, needle: &str| {
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(
+            lines[0].starts_with("error: ") && lines[0].contains(needle),
+            "want '{needle}' in {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    };
+    refused(
+        &generate(&data.join("tiny_llama_iq2_xxs.gguf")),
+        "tiny_llama_iq2_xxs.gguf: tensor 'blk.0.attn_q.weight' has type IQ2_XXS (16), which this workbench does not read",
+    );
+    refused(
+        &generate(&data.join("tiny_llama_no_heads.gguf")),
+        "tiny_llama_no_heads.gguf: llama: the metadata lacks llama.attention.head_count, which it needs",
+    );
+    // Checkpoint directories: an architecture outside the table, a RoPE type it does not run.
+    let copy = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
+        let dir = tmp.join(name);
+        fs::create_dir_all(&dir).unwrap();
+        for e in fs::read_dir(data.join("hf_llama3")).unwrap().flatten() {
+            fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        let p = dir.join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut v);
+        fs::write(&p, v.to_string()).unwrap();
+        dir
+    };
+    refused(
+        &generate(&copy("bloom", &|v| {
+            v["architectures"][0] = "BloomForCausalLM".into()
+        })),
+        "config.json: architecture 'BloomForCausalLM' is not one this workbench runs",
+    );
+    refused(
+        &generate(&copy("dynamic", &|v| {
+            v["rope_parameters"]["rope_type"] = "dynamic".into()
+        })),
+        "config.json: LlamaForCausalLM: 'rope_parameters.rope_type' 'dynamic' is not supported",
+    );
+}

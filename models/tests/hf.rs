@@ -1,9 +1,11 @@
-//! Hugging Face checkpoints against transformers: a tiny random Llama (one safetensors file)
-//! and a tiny random Mixtral (top-2 of 4 experts, three shards with an index), both written by
-//! `tests/data/make_hf_fixtures.py` with the logits transformers computed for every prompt
-//! position and its greedy continuation. Our f32 logits must be within 1e-4 relative error
-//! (max |Δ| / max |logit|) for every attention variant, the greedy ids equal; the
-//! transformers-4 config style loads the same model; broken directories are one clear error.
+//! Hugging Face checkpoints against transformers, one tiny random checkpoint per architecture
+//! of the table (written by `tests/data/make_hf_fixtures.py` with transformers 5.24, with the
+//! logits transformers computed and its greedy continuations): for prompts of 1, 10 and 40
+//! tokens, our f32 logits at the last position within 1e-4 relative L2 of transformers', the
+//! 10-token prompt's logits at every position (by prompt pass and token by token) within 1e-4
+//! of the largest, and 24 greedy tokens equal, for every attention variant and block size;
+//! the transformers-4 config style loads the same model; broken directories and unsupported
+//! configs are one clear error naming the file, the architecture and the key.
 
 use models::{load, LoadOptions, Session};
 use std::path::{Path, PathBuf};
@@ -14,13 +16,15 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-struct Expected {
-    prompt: Vec<u32>,
-    logits: Vec<Vec<f32>>,
+struct Prompt {
+    ids: Vec<u32>,
+    last: Vec<f32>,
     greedy: Vec<u32>,
+    /// Every position's logits (the 10-token prompt).
+    all: Option<Vec<Vec<f32>>>,
 }
 
-fn expected(name: &str) -> Expected {
+fn expected(name: &str) -> Vec<Prompt> {
     let text = std::fs::read_to_string(data(&format!("{name}_expected.json"))).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let ids = |x: &serde_json::Value| -> Vec<u32> {
@@ -30,22 +34,26 @@ fn expected(name: &str) -> Expected {
             .map(|t| t.as_u64().unwrap() as u32)
             .collect()
     };
-    Expected {
-        prompt: ids(&v["prompt_ids"]),
-        logits: v["logits"]
-            .as_array()
+    let floats = |x: &serde_json::Value| -> Vec<f32> {
+        x.as_array()
             .unwrap()
             .iter()
-            .map(|r| {
-                r.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect(),
-        greedy: ids(&v["greedy_ids"]),
-    }
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| Prompt {
+            ids: ids(&p["ids"]),
+            last: floats(&p["last_logits"]),
+            greedy: ids(&p["greedy"]),
+            all: p["all_logits"]
+                .as_array()
+                .map(|rows| rows.iter().map(floats).collect()),
+        })
+        .collect()
 }
 
 fn opts(attention: &str) -> LoadOptions {
@@ -55,47 +63,115 @@ fn opts(attention: &str) -> LoadOptions {
     }
 }
 
-fn check_against_transformers(dir: &Path, name: &str) {
+/// ‖a − b‖ / ‖b‖.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den).sqrt()
+}
+
+fn check_against_transformers(name: &str) {
+    let dir = data(name);
     let want = expected(name);
+    assert_eq!(
+        want.iter().map(|p| p.ids.len()).collect::<Vec<_>>(),
+        [1, 10, 40]
+    );
     for (attention, block) in [("naive", 16), ("flash2", 3), ("paged", 4), ("paged", 1)] {
         let m = load(dir.to_str().unwrap(), &opts(attention)).unwrap().model;
-        let mut s = Session::new(&m, 64, block).unwrap();
-        let got = s.forward_all(&want.prompt).unwrap();
         let vocab = m.cfg.vocab;
-        // Row by row, so paged decode (one token at a time) is checked too.
-        let mut s2 = Session::new(&m, 64, block).unwrap();
-        for (pos, row) in want.logits.iter().enumerate() {
-            let one = s2.forward(&want.prompt[pos..pos + 1]).unwrap();
-            for (label, ours) in [
-                ("prompt pass", &got[pos * vocab..(pos + 1) * vocab]),
-                ("token by token", &one[..]),
-            ] {
-                let scale = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let err = ours
-                    .iter()
-                    .zip(row)
-                    .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                assert!(
-                    err / scale <= 1e-4,
-                    "{name} {attention} bs={block} {label} position {pos}: max |Δ| {err} vs scale {scale}"
-                );
+        for p in &want {
+            let mut s = Session::new(&m, 64, block).unwrap();
+            let got = s.forward(&p.ids).unwrap();
+            let err = rel_l2(&got, &p.last);
+            assert!(
+                err <= 1e-4,
+                "{name} {attention} bs={block} {}-token prompt: last logits rel L2 {err:e}",
+                p.ids.len()
+            );
+            let greedy = m
+                .greedy_with_blocks(&p.ids, p.greedy.len(), None, block)
+                .unwrap();
+            assert_eq!(
+                greedy,
+                p.greedy,
+                "{name} {attention} bs={block} greedy after {} tokens",
+                p.ids.len()
+            );
+            let Some(rows) = &p.all else { continue };
+            // Every position, by the prompt pass and token by token (paged decode).
+            let all = Session::new(&m, 64, block)
+                .unwrap()
+                .forward_all(&p.ids)
+                .unwrap();
+            let mut one_by_one = Session::new(&m, 64, block).unwrap();
+            for (pos, row) in rows.iter().enumerate() {
+                let one = one_by_one.forward(&p.ids[pos..pos + 1]).unwrap();
+                for (label, ours) in [
+                    ("prompt pass", &all[pos * vocab..(pos + 1) * vocab]),
+                    ("token by token", &one[..]),
+                ] {
+                    let scale = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    let err = ours
+                        .iter()
+                        .zip(row)
+                        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        err / scale <= 1e-4,
+                        "{name} {attention} bs={block} {label} position {pos}: max |Δ| {err} vs scale {scale}"
+                    );
+                }
             }
         }
-        let greedy = m
-            .greedy_with_blocks(&want.prompt, want.greedy.len(), None, block)
-            .unwrap();
-        assert_eq!(greedy, want.greedy, "{name} {attention} bs={block} greedy");
     }
 }
 
 #[test]
 fn llama_matches_transformers() {
-    check_against_transformers(&data("hf_llama"), "hf_llama");
+    check_against_transformers("hf_llama");
+}
+
+#[test]
+fn llama3_rope_and_biases_match_transformers() {
+    check_against_transformers("hf_llama3");
+}
+
+#[test]
+fn mistral_sliding_window_matches_transformers() {
+    check_against_transformers("hf_mistral");
+}
+
+#[test]
+fn qwen2_biases_yarn_and_windowed_layers_match_transformers() {
+    check_against_transformers("hf_qwen2");
+}
+
+#[test]
+fn gemma3_matches_transformers() {
+    check_against_transformers("hf_gemma3");
+}
+
+#[test]
+fn phi3_fused_projections_and_longrope_match_transformers() {
+    check_against_transformers("hf_phi3");
 }
 
 #[test]
 fn sharded_mixtral_matches_transformers() {
-    check_against_transformers(&data("hf_mixtral"), "hf_mixtral");
+    check_against_transformers("hf_mixtral");
+}
+
+#[test]
+fn olmoe_matches_transformers() {
+    check_against_transformers("hf_olmoe");
+}
+
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check_against_transformers("hf_qwen2moe");
 }
 
 /// A scratch copy of a fixture directory that a test may break.
@@ -120,15 +196,61 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 
 #[test]
 fn transformers_4_config_style_loads_the_same_model() {
-    let dir = scratch_copy("hf_llama", "v4");
+    let dir = scratch_copy("hf_llama3", "v4");
     edit_config(&dir, |v| {
         let o = v.as_object_mut().unwrap();
-        let theta = o.remove("rope_parameters").unwrap()["rope_theta"].clone();
+        let mut rope = o.remove("rope_parameters").unwrap();
+        let theta = rope.as_object_mut().unwrap().remove("rope_theta").unwrap();
+        let kind = rope.as_object_mut().unwrap().remove("rope_type").unwrap();
+        rope["type"] = kind;
         o.insert("rope_theta".into(), theta);
+        o.insert("rope_scaling".into(), rope);
     });
-    let want = expected("hf_llama");
+    let want = &expected("hf_llama3")[1];
     let m = load(dir.to_str().unwrap(), &opts("flash2")).unwrap().model;
-    assert_eq!(m.greedy(&want.prompt, 12, None).unwrap(), want.greedy);
+    assert_eq!(m.greedy(&want.ids, 24, None).unwrap(), want.greedy);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Gemma-3's transformers-4 config (`rope_theta`, `rope_local_base_freq`, `rope_scaling`,
+/// `sliding_window_pattern`, no `layer_types`) is the same model as its transformers-5 one.
+#[test]
+fn gemma3_transformers_4_config_loads_the_same_model() {
+    let dir = scratch_copy("hf_gemma3", "gemma3-v4");
+    edit_config(&dir, |v| {
+        let o = v.as_object_mut().unwrap();
+        let rp = o.remove("rope_parameters").unwrap();
+        o.remove("layer_types");
+        o.remove("_sliding_window_pattern");
+        o.insert("sliding_window_pattern".into(), 6.into());
+        o.insert(
+            "rope_theta".into(),
+            rp["full_attention"]["rope_theta"].clone(),
+        );
+        o.insert(
+            "rope_local_base_freq".into(),
+            rp["sliding_attention"]["rope_theta"].clone(),
+        );
+        o.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "linear", "factor": rp["full_attention"]["factor"]}),
+        );
+    });
+    let want = &expected("hf_gemma3")[2];
+    let m = load(dir.to_str().unwrap(), &opts("flash2")).unwrap().model;
+    assert_eq!(m.greedy(&want.ids, 24, None).unwrap(), want.greedy);
+    let windows: Vec<_> = m.layers.iter().map(|l| (l.window, l.rope)).collect();
+    assert_eq!(
+        windows,
+        [
+            (Some(8), 1),
+            (Some(8), 1),
+            (Some(8), 1),
+            (Some(8), 1),
+            (Some(8), 1),
+            (None, 0)
+        ]
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -137,6 +259,49 @@ fn load_err(dir: &Path) -> String {
         Ok(_) => panic!("{} loaded", dir.display()),
         Err(e) => e.to_string(),
     }
+}
+
+#[test]
+fn unsupported_configs_name_the_architecture_and_the_key() {
+    let dir = scratch_copy("hf_llama3", "rope");
+    edit_config(&dir, |v| {
+        v["rope_parameters"]["rope_type"] = "dynamic".into()
+    });
+    let e = load_err(&dir);
+    assert!(
+        e.contains(
+            "config.json: LlamaForCausalLM: 'rope_parameters.rope_type' 'dynamic' is not supported"
+        ),
+        "{e}"
+    );
+    edit_config(&dir, |v| {
+        v["rope_parameters"]["rope_type"] = "llama3".into();
+        v["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("low_freq_factor");
+    });
+    let e = load_err(&dir);
+    assert!(
+        e.contains("LlamaForCausalLM: rope type 'llama3' needs 'rope_parameters.low_freq_factor'"),
+        "{e}"
+    );
+    edit_config(&dir, |v| v["hidden_act"] = "gelu".into());
+    let e = load_err(&dir);
+    assert!(
+        e.contains("LlamaForCausalLM: 'hidden_act' is 'gelu'"),
+        "{e}"
+    );
+    edit_config(&dir, |v| {
+        v["hidden_act"] = "silu".into();
+        v["architectures"][0] = "Qwen2MoeForCausalLM".into();
+    });
+    let e = load_err(&dir);
+    assert!(
+        e.contains("Qwen2MoeForCausalLM: 'num_experts' is missing"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -174,7 +339,11 @@ fn broken_checkpoints_are_one_clear_error() {
     );
 
     edit_config(&dir, |v| v["architectures"][0] = "GPT2LMHeadModel".into());
-    assert!(load_err(&dir).contains("'GPT2LMHeadModel' is not LlamaForCausalLM"));
+    let e = load_err(&dir);
+    assert!(
+        e.contains("config.json: architecture 'GPT2LMHeadModel' is not one this workbench runs (LlamaForCausalLM, "),
+        "{e}"
+    );
 
     std::fs::write(dir.join("config.json"), b"{ not json").unwrap();
     let e = load_err(&dir);

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 /// The flags of `harness eval perplexity`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PerplexityArgs {
-    /// A GGUF llama file, a Hugging Face checkpoint directory, smollm2 (the fetched GGUF), or
-    /// a preset (random weights: for trying the command only).
+    /// A GGUF file or Hugging Face checkpoint directory of any architecture `harness generate`
+    /// runs, smollm2 / qwen2.5-0.5b / gemma3-270m (the fetched GGUFs), or a preset (random
+    /// weights: for trying the command only).
     #[arg(long)]
     pub model: String,
     /// The text: gpl3 (/usr/share/common-licenses/GPL-3), licenses (every Debian licence
@@ -64,6 +65,12 @@ pub struct PerplexityArgs {
     /// Write the text's token ids (a JSON array) here, to score the same tokens elsewhere.
     #[arg(long, value_name = "FILE")]
     pub save_tokens: Option<PathBuf>,
+    /// Score these token ids (a JSON array, as --save-tokens or `llama-tokenize --ids` write
+    /// them) instead of the text's tokenization by the model's tokenizer: the same tokens
+    /// llama-perplexity scores, or a model whose tokenizer is not built here. --text still
+    /// names the text they came from.
+    #[arg(long, value_name = "FILE", conflicts_with = "save_tokens")]
+    pub tokens: Option<PathBuf>,
     /// Worker threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -101,20 +108,21 @@ pub struct PerplexityReport {
     pub tokens_per_s: f64,
     pub seconds: f64,
     pub threads: usize,
+    /// Bytes of the loaded weights per stored type, and its one-line summary.
+    pub weight_bytes: std::collections::BTreeMap<String, usize>,
+    pub weights_line: String,
 }
 
 /// The model's identity for reference files: the file's sha256, a directory's files' hashed
-/// in name order, or the preset's name.
+/// in name order, or the preset's name. Files are hashed as they are read, never held whole
+/// (a 0.5B model's file beside its loaded weights would double the run's memory).
 pub fn model_id(model: &str) -> Result<String> {
+    use sha2::{Digest, Sha256};
     let path = Path::new(model);
     let io = |e: std::io::Error| HarnessError::Usage(format!("--model {model}: {e}"));
-    if path.is_file() {
-        return Ok(format!(
-            "sha256:{}",
-            sha256_hex(&std::fs::read(path).map_err(io)?)
-        ));
-    }
-    if path.is_dir() {
+    let files: Vec<PathBuf> = if path.is_file() {
+        vec![path.to_path_buf()]
+    } else if path.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(io)?
             .flatten()
@@ -122,13 +130,31 @@ pub fn model_id(model: &str) -> Result<String> {
             .filter(|p| p.is_file())
             .collect();
         files.sort();
-        let mut all = vec![];
-        for f in files {
-            all.extend(std::fs::read(&f).map_err(io)?);
-        }
-        return Ok(format!("sha256:{}", sha256_hex(&all)));
+        files
+    } else {
+        return Ok(format!("preset {model}"));
+    };
+    let mut hash = Sha256::new();
+    for f in files {
+        let mut file = std::fs::File::open(&f).map_err(io)?;
+        std::io::copy(&mut file, &mut hash).map_err(io)?;
     }
-    Ok(format!("preset {model}"))
+    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("sha256:{hex}"))
+}
+
+/// Token ids from a JSON array file, each inside the vocabulary.
+fn read_tokens(path: &Path, vocab: usize) -> Result<Vec<u32>> {
+    let bad = |m: String| HarnessError::Usage(format!("--tokens {}: {m}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let ids: Vec<u32> = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("not a JSON array of token ids ({e})")))?;
+    if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(bad(format!(
+            "token id {t} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(ids)
 }
 
 /// Runs `harness eval perplexity`; the report is printed by the caller.
@@ -145,14 +171,22 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         ..LoadOptions::default()
     };
     let loaded = load(&path, &opts)?;
-    let tokenizer = loaded.tokenizer.ok_or_else(|| {
-        HarnessError::Usage(format!(
-            "--model {}: it has no tokenizer (a preset); perplexity needs a real model",
-            a.model
-        ))
-    })?;
     let model = loaded.model;
-    let tokens = tokenizer.encode(&text.content)?;
+    let tokens = match &a.tokens {
+        Some(p) => read_tokens(p, model.cfg.vocab)?,
+        None => {
+            let tokenizer = loaded.tokenizer.ok_or_else(|| {
+                HarnessError::Usage(format!(
+                    "--model {}: it has no tokenizer ({}); perplexity needs a real model's, or --tokens",
+                    a.model,
+                    loaded.tokenizer_note.as_deref().unwrap_or("a preset")
+                ))
+            })?;
+            tokenizer.encode(&text.content)?
+        }
+    };
+    let weights_line = crate::model_source::weights_line(&model);
+    let weight_bytes = crate::model_source::weight_bytes_by_type(&model);
     if let Some(p) = &a.save_tokens {
         std::fs::write(p, serde_json::to_string(&tokens).expect("serialisable"))
             .map_err(|e| HarnessError::Usage(format!("--save-tokens {}: {e}", p.display())))?;
@@ -230,6 +264,8 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
         tokens_per_s: out.tokens_per_s(),
         seconds: out.seconds,
         threads: rayon::current_num_threads(),
+        weight_bytes,
+        weights_line,
     })
 }
 
@@ -237,12 +273,13 @@ impl PerplexityReport {
     /// The table form: a few lines.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{} ({}) weights {} matmul {} kv-cache {}\ntext {} ({}, sha256 {}…): {} tokens, {} windows of {} (stride {}), {} scored\nPPL = {:.4} +/- {:.5} (95% CI {:.4}–{:.4}), mean NLL {:.5}\n",
+            "{} ({}) weights {} matmul {} kv-cache {}\n{}\ntext {} ({}, sha256 {}…): {} tokens, {} windows of {} (stride {}), {} scored\nPPL = {:.4} +/- {:.5} (95% CI {:.4}–{:.4}), mean NLL {:.5}\n",
             self.model,
             self.model_id,
             self.weights,
             self.matmul,
             self.kv_cache,
+            self.weights_line,
             self.text,
             self.text_origin,
             &self.text_sha256[..12],

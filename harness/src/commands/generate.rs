@@ -7,7 +7,7 @@
 
 use crate::error::{HarnessError, Result};
 use crate::mem_guard::MemBudget;
-use crate::model_source::drafter;
+use crate::model_source::{drafter, weight_bytes_by_type, weights_line};
 use crate::Format;
 use models::spec::driver::SpecConfig;
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
@@ -21,9 +21,11 @@ use std::time::Instant;
 /// The flags of `harness generate`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GenerateArgs {
-    /// A GGUF llama file (F32/F16/Q8_0/Q4_0/Q4_1), a Hugging Face checkpoint directory
-    /// (LlamaForCausalLM or MixtralForCausalLM: config.json + safetensors), or a preset with
-    /// random weights (tiny-gqa, tiny-mqa, tiny-mha, tiny-moe).
+    /// A GGUF file (llama, qwen2, qwen2moe, gemma3, phi3, olmoe; its tensors in any mix of
+    /// the types quant-kernels reads), a Hugging Face checkpoint directory (config.json +
+    /// safetensors of Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Gemma-3, Phi-3 or OLMoE),
+    /// smollm2 / qwen2.5-0.5b / gemma3-270m (the files scripts/fetch-models.sh fetched), or a
+    /// preset with random weights (tiny-gqa, tiny-mqa, tiny-mha, tiny-moe).
     #[arg(long)]
     pub model: String,
     /// Prompt text (tokenised with the model's tokenizer; no BOS is added).
@@ -149,6 +151,8 @@ pub struct Generation {
     /// What the KV cache stored (--kv-cache).
     pub kv_cache: String,
     pub isa: String,
+    /// Bytes of the loaded weights per stored type (q5_0, q8_0, f32, ...).
+    pub weight_bytes: std::collections::BTreeMap<String, usize>,
     /// Speculative decoding statistics (with --spec-draft).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecSummary>,
@@ -172,14 +176,16 @@ pub struct SpecSummary {
 pub fn prompt_ids(
     args: &GenerateArgs,
     tok: Option<&TextTokenizer>,
+    note: Option<&str>,
     vocab: usize,
 ) -> Result<Vec<u32>> {
     let ids = match (&args.prompt, &args.prompt_ids, tok) {
         (Some(p), None, Some(tok)) => tok.encode(p)?,
         (Some(_), None, None) => {
             return Err(HarnessError::Usage(format!(
-                "--model {} has no tokenizer: give --prompt-ids",
-                args.model
+                "--model {} has no tokenizer{}: give --prompt-ids",
+                args.model,
+                note.map_or(String::new(), |n| format!(" ({n})"))
             )))
         }
         (None, Some(ids), _) => ids.clone(),
@@ -243,7 +249,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     }
     let loaded = load(&crate::model_source::resolve_model(&args.model)?, &opts)?;
     let (model, tok) = (&loaded.model, loaded.tokenizer.as_ref());
-    let prompt_ids = prompt_ids(args, tok, model.cfg.vocab)?;
+    let prompt_ids = prompt_ids(args, tok, loaded.tokenizer_note.as_deref(), model.cfg.vocab)?;
     if prompt_ids.len().saturating_add(args.max_new_tokens) > model.cfg.context {
         return Err(HarnessError::Usage(format!(
             "{} prompt tokens + {} new tokens exceed the model's context of {}",
@@ -254,14 +260,21 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     }
     let tokens = prompt_ids.len() + args.max_new_tokens;
     let bs = args.block_size.max(1);
-    // The session's pool in the cache's own format (`--kv-cache int8` holds a quarter of f32).
+    // The loaded weights plus the session's pool in the cache's own format (`--kv-cache int8`
+    // holds a quarter of f32).
+    let held = model.held_bytes() as u64;
     let kv = models::KvPools::planned_bytes(model, tokens.div_ceil(bs), bs);
     if let Some(note) = budget.refuse(
-        kv,
-        &format!("the {} K/V cache of {tokens} tokens", model.kv_cache()),
+        held.saturating_add(kv),
+        &format!(
+            "the model's {} of weights and the {} K/V cache of {tokens} tokens",
+            crate::mem_guard::human(held),
+            model.kv_cache()
+        ),
     ) {
         return Err(HarnessError::Usage(format!("this generation {note}")));
     }
+
     let mut session = Session::new(
         model,
         prompt_ids.len() + args.max_new_tokens,
@@ -310,6 +323,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         matmul: args.matmul.clone(),
         kv_cache: opts.kv_cache.to_string(),
         isa: crate::machine::isa(),
+        weight_bytes: weight_bytes_by_type(model),
         spec: None,
     };
     report(args, &loaded, &out)
@@ -364,6 +378,7 @@ fn run_spec(
         matmul: args.matmul.clone(),
         kv_cache: args.kv_cache.clone(),
         isa: crate::machine::isa(),
+        weight_bytes: weight_bytes_by_type(&loaded.model),
         spec: Some(SpecSummary {
             drafter: d.name(),
             tree: shape.label(),
@@ -397,6 +412,7 @@ fn report(args: &GenerateArgs, loaded: &models::Loaded, out: &Generation) -> Res
         Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
         Format::Table => {
             println!();
+            eprintln!("{}", weights_line(&loaded.model));
             eprintln!(
                 "{}: {} prompt + {} generated tokens; time to first token {:.1} ms, {} per output token",
                 loaded.source,

@@ -15,6 +15,11 @@ pub enum KernelError {
     /// A buffer does not have the length or dtype the descriptor implies.
     #[error("bad buffer: {0}")]
     BadBuffer(String),
+    /// A model file, checkpoint or config that cannot be used as it is (damaged, truncated, a
+    /// missing key or tensor, an architecture or tensor type this workbench does not run); the
+    /// message names the file and the problem, and is printed as it is.
+    #[error("{0}")]
+    BadFile(String),
     /// The requested device is not present or not usable.
     #[error("device unavailable: {0}")]
     Device(String),

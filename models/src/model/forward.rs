@@ -1,22 +1,20 @@
-//! The forward pass of the Llama/Mixtral decoder (`llama.rs`): one pass runs a batch of
-//! sequence chunks (prefill chunks and decode tokens of different requests together, as
-//! continuous batching in Orca/vLLM needs) over a paged KV cache (`KvPools`). Per layer:
-//! RMSNorm, one stacked QKV product, RoPE per chunk, K/V written for all chunks before any
-//! chunk's attention, attention by tree attention for draft-tree chunks (SpecInfer), paged
-//! decode on the pool (vLLM PagedAttention) or a contiguous kernel on gathered K/V, the O
-//! product, SwiGLU or the MoE routed by `moe_kernels::route`; logits of the last or all tokens.
-//! Every attention reads the cache as stored: paged decode each block in its format, the
-//! contiguous kernels the gathered K/V dequantised, so a narrow `--kv-cache` reaches every
-//! token's attention, the prompt's included (written first, then read back).
+//! The forward pass of the decoder (`llama.rs`, every architecture of `arch/`): one pass runs a
+//! batch of sequence chunks (prefill chunks and decode tokens of different requests together,
+//! as continuous batching in Orca/vLLM needs) over a paged KV cache (`KvPools`). Per layer:
+//! RMSNorm, the Q/K/V projection (one stacked product where the formats agree, biases after
+//! it), QK RMSNorm (per head or whole) where the architecture has it, RoPE of the layer's kind
+//! per chunk, K/V written for all chunks before any chunk's attention (`attention.rs`: tree
+//! attention, paged decode or a contiguous kernel, with the layer's window and the model's
+//! scale), the O product, Gemma's post-attention norm, the residual; the feed-forward
+//! (`ffn.rs`) between its pre- and post-norms; the final norm, the logits of the last or all
+//! tokens, soft-capped where the architecture says. Every attention reads the cache as
+//! stored, so a narrow `--kv-cache` reaches every token's attention, the prompt's included.
 
 use crate::model::kv::KvPools;
-use crate::model::llama::{product_for, AttentionChoice, Expert, Ffn, Llama, Result};
-use attention_kernels::{AttentionInputs, AttentionShape};
-use kernel_common::{Buffer, DType, Device, KernelError};
-use moe_kernels::{route, MoeConfig, Priority, WeightNorm};
-use paged_kernels::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
+use crate::model::llama::{product_for, Llama, Projection, Result};
+use kernel_common::KernelError;
 use quant_kernels::{MatVecVariant, Prepared};
-use spec_kernels::{tree_attention, DraftTree, TreeAttnShape, TreeContext};
+use spec_kernels::DraftTree;
 
 /// Some tokens of one sequence, run at positions `start..start + tokens.len()`.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +42,7 @@ pub struct TreeChunk<'a> {
 
 impl SeqChunk<'_> {
     /// Positions the chunk's K/V are stored at.
-    fn slots(&self) -> Vec<usize> {
+    pub(super) fn slots(&self) -> Vec<usize> {
         match &self.tree {
             Some(t) => t.nodes.iter().map(|&n| self.start + n).collect(),
             None => (self.start..self.start + self.tokens.len()).collect(),
@@ -52,7 +50,7 @@ impl SeqChunk<'_> {
     }
 
     /// Rotary positions of the chunk's tokens.
-    fn positions(&self) -> Vec<usize> {
+    pub(super) fn positions(&self) -> Vec<usize> {
         match &self.tree {
             Some(t) => t
                 .nodes
@@ -64,7 +62,7 @@ impl SeqChunk<'_> {
     }
 
     /// Positions the block table must cover.
-    fn extent(&self) -> usize {
+    pub(super) fn extent(&self) -> usize {
         match &self.tree {
             Some(t) => self.start + t.tree.len(),
             None => self.start + self.tokens.len(),
@@ -72,7 +70,7 @@ impl SeqChunk<'_> {
     }
 }
 
-fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+pub(super) fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let mut out = vec![0.0f32; x.len()];
     kernel_cpu::ops::rmsnorm(x, w, eps, &mut out);
     out
@@ -80,40 +78,65 @@ fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 
 /// y = X·Wᵀ for `n` rows of X with `variant`, or the default product for a format the
 /// variant does not take.
-fn proj(w: &Prepared, x: &[f32], n: usize, variant: MatVecVariant) -> Result<Vec<f32>> {
+fn product(w: &Prepared, x: &[f32], n: usize, variant: MatVecVariant) -> Result<Vec<f32>> {
     let mut y = vec![0.0f32; n * w.rows()];
     w.matmul(x, n, &mut y, product_for(variant, w.format()))?;
     Ok(y)
 }
 
-/// SwiGLU of rows [gate | up] → silu(gate) · up.
-fn swiglu(gu: &[f32], f: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; gu.len() / 2];
-    kernel_cpu::ops::swiglu(gu, f, &mut out);
-    out
-}
-
-impl Expert {
-    fn forward(&self, x: &[f32], n: usize, f: usize, v: MatVecVariant) -> Result<Vec<f32>> {
-        proj(&self.down, &swiglu(&proj(&self.gate_up, x, n, v)?, f), n, v)
+impl Projection {
+    /// Y = X·Wᵀ + b for `n` rows of X: each part's product, their outputs side by side.
+    pub(super) fn forward(&self, x: &[f32], n: usize, variant: MatVecVariant) -> Result<Vec<f32>> {
+        let rows = self.rows();
+        let mut y = match &self.parts[..] {
+            [one] => product(one, x, n, variant)?,
+            parts => {
+                let mut y = vec![0.0f32; n * rows];
+                let mut at = 0;
+                for p in parts {
+                    let (part, r) = (product(p, x, n, variant)?, p.rows());
+                    for (dst, src) in y.chunks_mut(rows).zip(part.chunks(r)) {
+                        dst[at..at + r].copy_from_slice(src);
+                    }
+                    at += r;
+                }
+                y
+            }
+        };
+        if let Some(b) = &self.bias {
+            for row in y.chunks_mut(rows) {
+                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        }
+        Ok(y)
     }
 }
 
+/// cap · tanh(x / cap) in place (Gemma-2's soft-capping).
+fn softcap(x: &mut [f32], cap: f32) {
+    x.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+}
+
 impl Llama {
-    /// Rotary embedding of `heads` heads in each row, row r rotated by row r of `table`
-    /// (cos, sin from `kernel_cpu::ops::rope_table` for the rows' positions).
-    fn rope(&self, x: &mut [f32], heads: usize, table: &(Vec<f32>, Vec<f32>)) {
+    /// Rotary embedding of `heads` heads of each row, row r by row r of `table` (cos, sin of
+    /// `Rope::table`); the first `rope.dim` dimensions of each head (all of them unless the
+    /// config has a partial rotary factor).
+    fn rope(&self, rope: usize, x: &mut [f32], heads: usize, table: &(Vec<f32>, Vec<f32>)) {
         let d = self.cfg.head_dim;
-        let half = d / 2;
+        let rot = self.ropes[rope].dim;
+        let half = rot / 2;
         for (r, row) in x.chunks_mut(heads * d).enumerate() {
-            let at = r * half..(r + 1) * half;
-            kernel_cpu::ops::rope(
-                row,
-                heads,
-                &table.0[at.clone()],
-                &table.1[at],
-                self.cfg.rope,
+            let (cos, sin) = (
+                &table.0[r * half..(r + 1) * half],
+                &table.1[r * half..(r + 1) * half],
             );
+            if rot == d {
+                kernel_cpu::ops::rope(row, heads, cos, sin, self.cfg.rope);
+            } else {
+                for head in row.chunks_mut(d) {
+                    kernel_cpu::ops::rope(&mut head[..rot], 1, cos, sin, self.cfg.rope);
+                }
+            }
         }
     }
 
@@ -199,20 +222,29 @@ impl Llama {
         let n_total: usize = rows.iter().sum();
         let placement: Vec<(Vec<usize>, Vec<usize>)> =
             chunks.iter().map(|c| (c.positions(), c.slots())).collect();
-        // cos/sin of every chunk's positions, once for all heads and layers.
-        let rope_tables: Vec<(Vec<f32>, Vec<f32>)> = placement
+        // cos/sin of every chunk's positions per RoPE kind, once for all heads and layers.
+        let rope_tables: Vec<Vec<(Vec<f32>, Vec<f32>)>> = self
+            .ropes
             .iter()
-            .map(|(pos, _)| kernel_cpu::ops::rope_table(&self.inv_freq, pos))
+            .map(|r| {
+                placement
+                    .iter()
+                    .map(|(pos, _)| r.table(pos, pos.iter().max().map_or(0, |p| p + 1)))
+                    .collect()
+            })
             .collect();
         let mut codes = vec![];
         let mut x = vec![0.0f32; n_total * d];
         for (i, &t) in chunks.iter().flat_map(|c| c.tokens).enumerate() {
-            self.embed
-                .decode_row(t as usize, &mut x[i * d..(i + 1) * d], &mut codes);
+            let row = &mut x[i * d..(i + 1) * d];
+            self.embed.decode_row(t as usize, row, &mut codes);
+            if let Some(s) = cfg.blocks.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
         }
         for (li, l) in self.layers.iter().enumerate() {
             let h = rmsnorm(&x, &l.attn_norm, cfg.eps);
-            let qkv = proj(&l.wqkv, &h, n_total, self.matmul)?;
+            let qkv = l.wqkv.forward(&h, n_total, self.matmul)?;
             let (mut q, mut k, mut v) = (
                 Vec::with_capacity(n_total * qd),
                 Vec::with_capacity(n_total * kvd),
@@ -223,15 +255,24 @@ impl Llama {
                 k.extend_from_slice(&row[qd..qd + kvd]);
                 v.extend_from_slice(&row[qd + kvd..]);
             }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                q = rmsnorm(&q, qn, cfg.eps);
+                k = rmsnorm(&k, kn, cfg.eps);
+            }
             for (((c, &at), (_, slots)), table) in chunks
                 .iter()
                 .zip(&offsets)
                 .zip(&placement)
-                .zip(&rope_tables)
+                .zip(&rope_tables[l.rope])
             {
                 let n = c.tokens.len();
-                self.rope(&mut q[at * qd..(at + n) * qd], cfg.heads, table);
-                self.rope(&mut k[at * kvd..(at + n) * kvd], cfg.kv_heads, table);
+                self.rope(l.rope, &mut q[at * qd..(at + n) * qd], cfg.heads, table);
+                self.rope(
+                    l.rope,
+                    &mut k[at * kvd..(at + n) * kvd],
+                    cfg.kv_heads,
+                    table,
+                );
                 kv.write(
                     li,
                     c.table,
@@ -241,13 +282,16 @@ impl Llama {
                 )?;
             }
             let attn = self.attention(kv, li, chunks, &offsets, &q)?;
-            let o = proj(&l.wo, &attn, n_total, self.matmul)?;
+            let mut o = l.wo.forward(&attn, n_total, self.matmul)?;
+            if let Some(w) = &l.post_attn_norm {
+                o = rmsnorm(&o, w, cfg.eps);
+            }
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h2 = rmsnorm(&x, &l.ffn_norm, cfg.eps);
-            let ffn = match &l.ffn {
-                Ffn::Dense(e) => e.forward(&h2, n_total, cfg.d_ff, self.matmul)?,
-                Ffn::Moe { router, experts } => self.moe(router, experts, &h2, n_total)?,
-            };
+            let mut ffn = self.ffn(&l.ffn, &h2, n_total)?;
+            if let Some(w) = &l.post_ffn_norm {
+                ffn = rmsnorm(&ffn, w, cfg.eps);
+            }
             x.iter_mut().zip(&ffn).for_each(|(a, b)| *a += b);
         }
         // Output rows: the last of each chunk, or all of it.
@@ -269,186 +313,20 @@ impl Llama {
         }
         let normed = rmsnorm(&last, &self.out_norm, cfg.eps);
         let m: usize = picked.iter().map(|p| p.1).sum();
-        let logits = proj(
+        let mut logits = product(
             self.head.as_ref().unwrap_or(&self.embed),
             &normed,
             m,
             self.matmul,
         )?;
+        if let Some(cap) = cfg.blocks.final_softcap {
+            softcap(&mut logits, cap);
+        }
         let mut out = vec![];
         let mut at = 0;
         for &(_, n) in &picked {
             out.push(logits[at * cfg.vocab..(at + n) * cfg.vocab].to_vec());
             at += n;
-        }
-        Ok(out)
-    }
-
-    /// Attention of every chunk's queries (rows of `q`, `[rows, heads·hd]`) over its cached
-    /// context; returns rows in the same layout.
-    fn attention(
-        &self,
-        kv: &KvPools,
-        li: usize,
-        chunks: &[SeqChunk],
-        offsets: &[usize],
-        q: &[f32],
-    ) -> Result<Vec<f32>> {
-        let cfg = &self.cfg;
-        let (hd, qd, heads) = (cfg.head_dim, cfg.q_dim(), cfg.heads);
-        let mut attn = vec![f32::NAN; q.len()];
-        let mut done = vec![false; chunks.len()];
-        for (i, c) in chunks.iter().enumerate() {
-            let Some(t) = &c.tree else { continue };
-            let n = c.tokens.len();
-            let shape = TreeAttnShape {
-                q_heads: heads,
-                kv_heads: cfg.kv_heads,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
-                softcap: None,
-            };
-            let rows = offsets[i] * qd..(offsets[i] + n) * qd;
-            let pool = kv.layers[li].float_pool().ok_or_else(|| {
-                KernelError::Unsupported(format!(
-                    "tree attention (speculative decoding) reads an f32 KV cache; this one is {}",
-                    kv.format
-                ))
-            })?;
-            let at = TreeContext {
-                pool,
-                table: c.table,
-                ctx: c.start,
-                tree: t.tree,
-                nodes: t.nodes,
-            };
-            tree_attention(&shape, &at, &q[rows.clone()], &mut attn[rows])?;
-            done[i] = true;
-        }
-        if let AttentionChoice::Paged(split) = self.attention {
-            // One paged decode call per distinct chunk length ≤ MAX_Q_LEN.
-            for q_len in 1..=MAX_Q_LEN {
-                let group: Vec<usize> = (0..chunks.len())
-                    .filter(|&i| !done[i] && chunks[i].tokens.len() == q_len)
-                    .collect();
-                if group.is_empty() {
-                    continue;
-                }
-                let mut qh = vec![0.0f32; group.len() * qd * q_len];
-                for (s, &i) in group.iter().enumerate() {
-                    for r in 0..q_len {
-                        for h in 0..heads {
-                            let src = (offsets[i] + r) * qd + h * hd;
-                            let dst = ((s * heads + h) * q_len + r) * hd;
-                            qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
-                        }
-                    }
-                }
-                let batch = PagedBatch {
-                    context_lens: group.iter().map(|&i| chunks[i].start + q_len).collect(),
-                    block_tables: group.iter().map(|&i| chunks[i].table.to_vec()).collect(),
-                };
-                let shape = PagedDecodeShape {
-                    q_heads: heads,
-                    kv_heads: cfg.kv_heads,
-                    head_dim: hd,
-                    q_len,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    window: None,
-                    softcap: None,
-                };
-                let mut out = vec![f32::NAN; qh.len()];
-                paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;
-                for (s, &i) in group.iter().enumerate() {
-                    for r in 0..q_len {
-                        for h in 0..heads {
-                            let src = ((s * heads + h) * q_len + r) * hd;
-                            let dst = (offsets[i] + r) * qd + h * hd;
-                            attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
-                        }
-                    }
-                    done[i] = true;
-                }
-            }
-        }
-        for (i, c) in chunks.iter().enumerate().filter(|(i, _)| !done[*i]) {
-            let n = c.tokens.len();
-            let total = c.start + n;
-            let (k, v) = kv.gather(li, c.table, total)?;
-            let mut qh = vec![0.0f32; n * qd];
-            for r in 0..n {
-                for h in 0..heads {
-                    let (src, dst) = ((offsets[i] + r) * qd + h * hd, (h * n + r) * hd);
-                    qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
-                }
-            }
-            let shape = AttentionShape::new(1, heads, cfg.kv_heads, n, total, hd, true);
-            let inputs = AttentionInputs {
-                q: Buffer::F32(qh),
-                k,
-                v,
-            };
-            let kernel = match &self.attention {
-                AttentionChoice::Contiguous(k)
-                    if k.supports(&shape, DType::F32, Device::Cpu).is_ok() =>
-                {
-                    k
-                }
-                _ => &self.fallback,
-            };
-            let mut out = Buffer::poisoned(DType::F32, n * qd);
-            kernel.prepare(&shape, &inputs)?.run(&mut out)?;
-            let out = out.to_f32();
-            for r in 0..n {
-                for h in 0..heads {
-                    let (src, dst) = ((h * n + r) * hd, (offsets[i] + r) * qd + h * hd);
-                    attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
-                }
-            }
-        }
-        Ok(attn)
-    }
-
-    /// The sparse feed-forward: route (softmax, top-k, renormalise, capacity), then each
-    /// expert's SwiGLU on the rows routed to it, combined with the routing weights.
-    fn moe(&self, router: &[f32], experts: &[Expert], x: &[f32], n: usize) -> Result<Vec<f32>> {
-        let cfg = &self.cfg;
-        let spec = cfg.moe.expect("an MoE layer has a spec");
-        let mcfg = MoeConfig::token_choice(
-            n,
-            cfg.d_model,
-            cfg.d_ff,
-            spec.experts,
-            spec.top_k,
-            Priority::TokenOrder,
-            WeightNorm::Renormalize,
-            spec.capacity,
-        );
-        let routing = route(&mcfg, x, router, &vec![0.0; spec.experts])?;
-        let d = cfg.d_model;
-        let mut out = vec![0.0f32; n * d];
-        for (e, expert) in experts.iter().enumerate() {
-            let mine: Vec<_> = routing
-                .assignments
-                .iter()
-                .filter(|a| a.kept && a.expert == e)
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let rows: Vec<f32> = mine
-                .iter()
-                .flat_map(|a| x[a.token * d..(a.token + 1) * d].iter().copied())
-                .collect();
-            let y = expert.forward(&rows, mine.len(), cfg.d_ff, self.matmul)?;
-            for (a, yr) in mine.iter().zip(y.chunks(d)) {
-                let w = a.weight as f32;
-                out[a.token * d..(a.token + 1) * d]
-                    .iter_mut()
-                    .zip(yr)
-                    .for_each(|(o, v)| *o += w * v);
-            }
         }
         Ok(out)
     }

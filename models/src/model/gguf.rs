@@ -1,17 +1,19 @@
 //! A GGUF (v2/v3) reader following ggml's `gguf.c` / the `gguf` Python package: header,
 //! metadata key-values (all scalar types, strings, arrays), tensor infos, alignment, and the
-//! tensors as `QuantMatrix`es in F32, F16, Q8_0, Q4_0 or Q4_1. Every defect is one error that
-//! names the file and what is wrong (bad magic, truncated, unknown type, missing key/tensor,
-//! a duplicate, a count the file cannot hold): counts and lengths are checked against the bytes
-//! left before anything is allocated for them, and offset and size arithmetic is checked, so a
-//! damaged header never allocates more than the file nor wraps into a wrong but valid range.
-//! A file is a tensor source (llama.cpp naming) whose `llama.*` metadata gives the model's
-//! shape (`gguf_config`); `Llama::from_gguf` builds it.
+//! tensors as `QuantMatrix`es, each in its own type (real files mix them per tensor). The file
+//! is memory-mapped (`mapped.rs`): a tensor is copied out when asked for and its pages
+//! released, so a loaded model does not hold the file beside its weights. Every defect is one
+//! error that names the file and what is wrong (bad magic, truncated, unknown type, missing
+//! key/tensor, a duplicate, a count the file cannot hold): counts and lengths are checked
+//! against the bytes left before anything is allocated for them, and offset and size
+//! arithmetic is checked, so a damaged header never allocates more than the file nor wraps
+//! into a wrong but valid range. A file is a tensor source (llama.cpp naming, `source.rs`)
+//! whose `general.architecture` picks its row of `arch::ARCHITECTURES` (`arch::from_gguf`);
+//! `load::load_gguf` builds it.
 
-use crate::model::llama::{Llama, LlamaConfig, RopeLayout};
-use crate::model::source::{build, LoadOptions, Naming, TensorSource};
+use crate::model::mapped::FileBytes;
 use kernel_common::KernelError;
-use quant_kernels::{QuantMatrix, WeightFormat};
+use quant_kernels::{ggml_type_name, QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -37,14 +39,14 @@ pub struct TensorInfo {
     pub offset: usize,
 }
 
-/// A parsed GGUF file (its bytes kept in memory).
+/// A parsed GGUF file (its bytes mapped, or in memory).
 pub struct Gguf {
     pub path: PathBuf,
     pub version: u32,
     pub meta: BTreeMap<String, Value>,
     pub tensors: BTreeMap<String, TensorInfo>,
     data_start: usize,
-    bytes: Vec<u8>,
+    bytes: FileBytes,
 }
 
 /// The error type of model loading: one line naming the file.
@@ -76,7 +78,7 @@ const MIN_TENSOR_INFO_BYTES: usize = 8 + 4 + 8 + 4 + 8;
 
 impl Cursor<'_> {
     fn err(&self, m: impl std::fmt::Display) -> KernelError {
-        KernelError::BadBuffer(format!("{}: {m}", self.path.display()))
+        KernelError::BadFile(format!("{}: {m}", self.path.display()))
     }
     fn left(&self) -> usize {
         self.b.len() - self.at
@@ -165,33 +167,22 @@ impl Cursor<'_> {
     }
 }
 
-/// The weight format of a ggml type id, if this workbench reads it.
-pub fn format_of(ggml_type: u32) -> Option<WeightFormat> {
-    match ggml_type {
-        0 => Some(WeightFormat::F32),
-        1 => Some(WeightFormat::F16),
-        2 => Some(WeightFormat::Q4_0),
-        3 => Some(WeightFormat::Q4_1),
-        8 => Some(WeightFormat::Q8_0),
-        _ => None,
-    }
-}
-
 impl Gguf {
-    /// Reads and parses `path`.
+    /// Maps and parses `path`.
     pub fn open(path: &Path) -> Result<Gguf> {
-        let bytes = std::fs::read(path).map_err(|e| {
-            KernelError::BadBuffer(format!("{}: cannot read ({e})", path.display()))
-        })?;
-        Gguf::parse(path, bytes)
+        Gguf::parse_bytes(path, FileBytes::map(path)?)
     }
 
     /// Parses GGUF `bytes` (named `path` in errors). Counts and lengths in the header are
     /// checked against the bytes left before anything is allocated for them, so a damaged
     /// header is an error, never an allocation larger than the file.
     pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<Gguf> {
+        Gguf::parse_bytes(path, FileBytes::Owned(bytes))
+    }
+
+    fn parse_bytes(path: &Path, bytes: FileBytes) -> Result<Gguf> {
         let mut c = Cursor {
-            b: &bytes,
+            b: bytes.as_slice(),
             at: 0,
             path,
         };
@@ -258,7 +249,7 @@ impl Gguf {
     }
 
     fn err(&self, m: impl std::fmt::Display) -> KernelError {
-        KernelError::BadBuffer(format!("{}: {m}", self.path.display()))
+        KernelError::BadFile(format!("{}: {m}", self.path.display()))
     }
 
     /// Where the tensor data begins (the header's end, aligned).
@@ -314,9 +305,10 @@ impl Gguf {
             .tensors
             .get(name)
             .ok_or_else(|| self.err(format!("tensor '{name}' is missing")))?;
-        let format = format_of(t.ggml_type).ok_or_else(|| {
+        let format = WeightFormat::from_ggml_type(t.ggml_type).ok_or_else(|| {
+            let ty = ggml_type_name(t.ggml_type).unwrap_or("unknown to ggml");
             self.err(format!(
-                "tensor '{name}' has ggml type {}, not F32, F16, Q8_0, Q4_0 or Q4_1",
+                "tensor '{name}' has type {ty} ({}), which this workbench does not read",
                 t.ggml_type
             ))
         })?;
@@ -334,76 +326,20 @@ impl Gguf {
                 let start = self.data_start.checked_add(t.offset)?;
                 Some((rows, start, start.checked_add(len)?))
             });
-        let Some((rows, start, end)) = range.filter(|&(_, _, end)| end <= self.bytes.len()) else {
+        let len = self.bytes.as_slice().len();
+        let Some((rows, start, end)) = range.filter(|&(_, _, end)| end <= len) else {
             return Err(self.err(format!(
-                "truncated: tensor '{name}' ({format}, dims {:?}, offset {}) lies beyond the file's {} bytes",
+                "truncated: tensor '{name}' ({format}, dims {:?}, offset {}) lies beyond the file's {len} bytes",
                 t.dims,
                 t.offset,
-                self.bytes.len()
             )));
         };
-        QuantMatrix::from_bytes(format, rows, cols, self.bytes[start..end].to_vec())
+        QuantMatrix::from_bytes(format, rows, cols, self.bytes.copy_out(start..end))
             .map_err(|e| self.err(format!("tensor '{name}': {e}")))
     }
 
     /// Tensor `name` (any shape) dequantised to f32.
     pub fn floats(&self, name: &str) -> Result<Vec<f32>> {
         Ok(self.matrix(name)?.dequantize())
-    }
-}
-
-impl TensorSource for Gguf {
-    fn origin(&self) -> String {
-        self.path.display().to_string()
-    }
-    fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
-    }
-    fn matrix(&self, name: &str) -> Result<QuantMatrix> {
-        Gguf::matrix(self, name)
-    }
-}
-
-/// The shape of a GGUF `llama` file.
-pub fn gguf_config(g: &Gguf) -> Result<LlamaConfig> {
-    let arch = g.string("general.architecture")?;
-    if arch != "llama" {
-        return Err(KernelError::BadBuffer(format!(
-            "{}: architecture '{arch}' is not llama",
-            g.path.display()
-        )));
-    }
-    if g.uint("llama.expert_count").unwrap_or(0) > 0 {
-        return Err(KernelError::Unsupported(format!(
-            "{}: GGUF mixture-of-experts files are not supported (load Mixtral from a Hugging Face directory)",
-            g.path.display()
-        )));
-    }
-    let d_model = g.uint("llama.embedding_length")?;
-    let heads = g.uint("llama.attention.head_count")?;
-    Ok(LlamaConfig {
-        layers: g.uint("llama.block_count")?,
-        d_model,
-        heads,
-        kv_heads: g.uint("llama.attention.head_count_kv").unwrap_or(heads),
-        head_dim: d_model / heads.max(1),
-        d_ff: g.uint("llama.feed_forward_length")?,
-        vocab: g.strings("tokenizer.ggml.tokens").map(|t| t.len())?,
-        context: g.uint("llama.context_length")?,
-        eps: g.float("llama.attention.layer_norm_rms_epsilon")? as f32,
-        rope_base: g.float("llama.rope.freq_base").unwrap_or(10000.0) as f32,
-        rope: RopeLayout::Interleaved,
-        moe: None,
-    })
-}
-
-impl Llama {
-    /// Loads the `llama` architecture from `g`; `attention` is an attention variant spec.
-    pub fn from_gguf(g: &Gguf, attention: &str) -> Result<Llama> {
-        let opts = LoadOptions {
-            attention: attention.into(),
-            ..LoadOptions::default()
-        };
-        build(gguf_config(g)?, g, Naming::Gguf, false, &opts)
     }
 }

@@ -1,14 +1,16 @@
-//! Hugging Face checkpoint directories: `config.json` of a `LlamaForCausalLM` or
-//! `MixtralForCausalLM` (transformers 4 style, `rope_theta` at the top level, or transformers 5,
-//! `rope_parameters.rope_theta`) and the weights in `model.safetensors` or in shards listed by
-//! `model.safetensors.index.json`, f32/f16/bf16 (bf16 widened to f32 exactly, f16 kept), plus
+//! Hugging Face checkpoint directories: `config.json` of any class in the architecture table
+//! (`arch::from_hf`: transformers 4 style, `rope_theta` / `rope_scaling` at the top level, or
+//! transformers 5, `rope_parameters`) and the weights in `model.safetensors` or in shards
+//! listed by `model.safetensors.index.json` (memory-mapped, each tensor copied out when the
+//! builder asks for it), f32/f16/bf16 (bf16 widened to f32 exactly, f16 kept), plus
 //! `tokenizer.json` when present. Every defect is one error naming the file and the problem.
 
-use crate::model::llama::{Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
-use crate::model::source::{build, LoadOptions, Naming, TensorSource};
+use crate::model::arch::{self, ModelSpec, Naming};
+use crate::model::llama::{Llama, Result};
+use crate::model::mapped::FileBytes;
+use crate::model::source::{build, LoadOptions, TensorSource};
 use crate::model::tokenizer::TextTokenizer;
 use kernel_common::KernelError;
-use moe_kernels::Capacity;
 use quant_kernels::{QuantMatrix, WeightFormat};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -23,19 +25,19 @@ struct Tensor {
     range: (usize, usize),
 }
 
-/// An opened checkpoint directory (all weight bytes in memory).
+/// An opened checkpoint directory (its weight files mapped).
 pub struct HfCheckpoint {
     pub dir: PathBuf,
-    pub config: LlamaConfig,
-    pub tied: bool,
+    /// The model config.json describes.
+    pub spec: ModelSpec,
     eos: Option<u32>,
     bos: Option<u32>,
-    files: Vec<(PathBuf, Vec<u8>)>,
+    files: Vec<(PathBuf, FileBytes)>,
     tensors: BTreeMap<String, Tensor>,
 }
 
 fn bad(path: &Path, m: impl std::fmt::Display) -> KernelError {
-    KernelError::BadBuffer(format!("{}: {m}", path.display()))
+    KernelError::BadFile(format!("{}: {m}", path.display()))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -68,88 +70,11 @@ fn shard_name(index: &Path, v: &Value) -> Result<String> {
     }
 }
 
-/// The model shape from a parsed config.json at `path`.
-pub fn parse_config(path: &Path, c: &Value) -> Result<(LlamaConfig, bool)> {
-    let arch = c["architectures"][0]
-        .as_str()
-        .or(c["model_type"].as_str())
-        .unwrap_or("");
-    let mixtral = match arch {
-        "LlamaForCausalLM" | "llama" => false,
-        "MixtralForCausalLM" | "mixtral" => true,
-        other => {
-            return Err(bad(
-                path,
-                format!("architecture '{other}' is not LlamaForCausalLM or MixtralForCausalLM"),
-            ))
-        }
-    };
-    let uint = |key: &str| -> Result<usize> {
-        c[key].as_u64().map(|v| v as usize).ok_or_else(|| {
-            bad(
-                path,
-                format!("'{key}' is missing or not a non-negative integer"),
-            )
-        })
-    };
-    let float = |v: &Value| v.as_f64();
-    if c["attention_bias"].as_bool() == Some(true) || c["mlp_bias"].as_bool() == Some(true) {
-        return Err(bad(path, "attention or MLP biases are not supported"));
-    }
-    if let Some(act) = c["hidden_act"].as_str() {
-        if act != "silu" {
-            return Err(bad(path, format!("hidden_act '{act}' is not silu")));
-        }
-    }
-    let rope = if c["rope_parameters"].is_object() {
-        &c["rope_parameters"]
-    } else {
-        &c["rope_scaling"]
-    };
-    if let Some(kind) = rope["rope_type"].as_str().or(rope["type"].as_str()) {
-        if kind != "default" {
-            return Err(bad(
-                path,
-                format!("rope type '{kind}' is not supported (only default)"),
-            ));
-        }
-    }
-    let rope_base = float(&c["rope_theta"])
-        .or(float(&c["rope_parameters"]["rope_theta"]))
-        .unwrap_or(10000.0);
-    let (d_model, heads) = (uint("hidden_size")?, uint("num_attention_heads")?);
-    let head_dim = match c["head_dim"].as_u64() {
-        Some(h) => h as usize,
-        None if heads > 0 => d_model / heads,
-        None => 0,
-    };
-    let moe = if mixtral {
-        Some(MoeSpec {
-            experts: uint("num_local_experts")?,
-            top_k: uint("num_experts_per_tok")?,
-            capacity: Capacity::Dropless,
-        })
-    } else {
-        None
-    };
-    let cfg = LlamaConfig {
-        layers: uint("num_hidden_layers")?,
-        d_model,
-        heads,
-        kv_heads: c["num_key_value_heads"]
-            .as_u64()
-            .map_or(heads, |v| v as usize),
-        head_dim,
-        d_ff: uint("intermediate_size")?,
-        vocab: uint("vocab_size")?,
-        context: uint("max_position_embeddings")?,
-        eps: float(&c["rms_norm_eps"]).unwrap_or(1e-6) as f32,
-        rope_base: rope_base as f32,
-        rope: RopeLayout::HalfSplit,
-        moe,
-    };
-    cfg.validate().map_err(|e| bad(path, e))?;
-    Ok((cfg, c["tie_word_embeddings"].as_bool().unwrap_or(false)))
+/// The model a parsed config.json at `path` describes (its class's row of the table).
+pub fn parse_config(path: &Path, c: &Value) -> Result<ModelSpec> {
+    let spec = arch::from_hf(path, c)?;
+    spec.cfg.validate().map_err(|e| bad(path, e))?;
+    Ok(spec)
 }
 
 impl HfCheckpoint {
@@ -163,7 +88,7 @@ impl HfCheckpoint {
             ));
         }
         let c = json(&cfg_path)?;
-        let (config, tied) = parse_config(&cfg_path, &c)?;
+        let spec = parse_config(&cfg_path, &c)?;
         let index = dir.join("model.safetensors.index.json");
         let names: Vec<String> = if index.exists() {
             let map = json(&index)?;
@@ -186,10 +111,10 @@ impl HfCheckpoint {
         let mut tensors = BTreeMap::new();
         for (fi, n) in names.iter().enumerate() {
             let path = dir.join(n);
-            let bytes = read(&path)?;
-            SafeTensors::deserialize(&bytes)
+            let bytes = FileBytes::map(&path)?;
+            SafeTensors::deserialize(bytes.as_slice())
                 .map_err(|e| bad(&path, format!("not a valid safetensors file ({e})")))?;
-            let (header, meta) = SafeTensors::read_metadata(&bytes)
+            let (header, meta) = SafeTensors::read_metadata(bytes.as_slice())
                 .map_err(|e| bad(&path, format!("not a valid safetensors file ({e})")))?;
             for (name, info) in meta.tensors() {
                 let (a, b) = info.data_offsets;
@@ -207,8 +132,7 @@ impl HfCheckpoint {
         }
         Ok(HfCheckpoint {
             dir: dir.to_path_buf(),
-            config,
-            tied,
+            spec,
             eos: token_id(c.get("eos_token_id")),
             bos: token_id(c.get("bos_token_id")),
             files,
@@ -218,7 +142,7 @@ impl HfCheckpoint {
 
     /// The model with `opts` (attention, weight format, MoE capacity).
     pub fn build(&self, opts: &LoadOptions) -> Result<Llama> {
-        build(self.config, self, Naming::Hf, self.tied, opts)
+        build(&self.spec, self, Naming::Hf, opts)
     }
 
     /// `tokenizer.json`, when the directory has one.
@@ -231,7 +155,7 @@ impl HfCheckpoint {
             .map_err(|e| bad(&path, format!("cannot load the tokenizer ({e})")))?;
         Ok(Some(TextTokenizer::from_tokenizers(
             inner,
-            self.config.vocab,
+            self.spec.cfg.vocab,
             self.bos,
             self.eos,
             false,
@@ -262,7 +186,7 @@ impl TensorSource for HfCheckpoint {
                 ))
             }
         };
-        let data = &bytes[t.range.0..t.range.1];
+        let data = bytes.copy_out(t.range.0..t.range.1);
         let err = |e: KernelError| bad(path, format!("tensor '{name}': {e}"));
         match t.dtype {
             Dtype::F32 => {
@@ -279,9 +203,7 @@ impl TensorSource for HfCheckpoint {
                     .collect();
                 QuantMatrix::quantize(WeightFormat::F32, rows, cols, &w).map_err(err)
             }
-            Dtype::F16 => {
-                QuantMatrix::from_bytes(WeightFormat::F16, rows, cols, data.to_vec()).map_err(err)
-            }
+            Dtype::F16 => QuantMatrix::from_bytes(WeightFormat::F16, rows, cols, data).map_err(err),
             other => Err(bad(
                 path,
                 format!("tensor '{name}' has dtype {other:?}, not F32, F16 or BF16"),

@@ -1,16 +1,20 @@
-//! A Llama-family decoder (HF `LlamaForCausalLM` / `MixtralForCausalLM`, llama.cpp's `llama`
-//! architecture), its shape and weights: the config (RMSNorm eps, rotary embeddings with
-//! half-split pairs as in Hugging Face checkpoints or interleaved pairs as GGUF llama files
-//! need, MHA/GQA/MQA heads, a SwiGLU feed-forward or a Mixtral MoE), the layers with Q/K/V and
-//! gate/up stacked into one `quant_kernels` product each and laid out for the model's product
-//! (`set_matmul`), a tied or untied output head, and the attention kernels the forward pass
+//! The decoder every architecture of `arch/` runs (the type is still called `Llama`: Llama is
+//! the template the others vary): its shape (`LlamaConfig`, with the `Blocks` an architecture
+//! chooses — Q/K/V/O and MLP biases, per-head or whole-projection QK RMSNorm, Gemma's pre- and
+//! post-norms, SwiGLU or GeGLU, embedding scale, attention scale and soft-capping — and a
+//! dense or MoE feed-forward), the layers (each with its sliding window and RoPE kind), the
+//! projections (`Projection`: Q/K/V and gate/up stacked into one `quant_kernels` product where
+//! their formats agree, biases added after the product, laid out for the model's product by
+//! `set_matmul`), a tied or untied output head, and the attention kernels the forward pass
 //! calls (`attention_choice`). The forward pass itself is `forward.rs`.
 
+use crate::model::rope::{Rope, RopeSpec};
 use attention_kernels::AttentionKernel;
 use kernel_common::KernelError;
-use moe_kernels::Capacity;
+use moe_kernels::{Capacity, WeightNorm};
 use paged_kernels::{KvCacheFormat, SplitKv};
-use quant_kernels::{MatVecVariant, Prepared, QuantMatrix};
+use quant_kernels::{MatVecVariant, Prepared, QuantMatrix, WeightFormat};
+use std::collections::BTreeMap;
 
 /// The error type of the pipeline: one line naming the file or input at fault.
 pub type Result<T> = std::result::Result<T, KernelError>;
@@ -20,13 +24,77 @@ pub type Result<T> = std::result::Result<T, KernelError>;
 /// are permuted at conversion).
 pub use kernel_cpu::ops::RopePairs as RopeLayout;
 
-/// A Mixtral-style sparse feed-forward.
+/// A sparse feed-forward: Mixtral, OLMoE, Qwen2-MoE.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeSpec {
     pub experts: usize,
     pub top_k: usize,
     /// Dropless (Mixtral at inference) unless a capacity factor is chosen.
     pub capacity: Capacity,
+    /// Width of each routed expert.
+    pub d_ff: usize,
+    /// The top-k weights renormalised (Mixtral, `norm_topk_prob`) or the raw softmax (OLMoE).
+    pub norm: WeightNorm,
+    /// A shared expert of this width behind a sigmoid gate, added to every token (Qwen2-MoE).
+    pub shared: Option<usize>,
+}
+
+/// Where a query/key RMSNorm applies before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head (Gemma-3, Qwen3): a gain of head_dim.
+    PerHead,
+    /// Over the whole Q and K projections (OLMoE): gains of q_dim and kv_dim.
+    Whole,
+}
+
+/// The gated feed-forward's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mlp {
+    /// silu(gate) · up (Shazeer 2020).
+    SwiGlu,
+    /// gelu_tanh(gate) · up (Gemma's `gelu_pytorch_tanh`).
+    GeGlu,
+}
+
+/// The blocks an architecture chooses around the Llama template.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Blocks {
+    /// Biases on Q, K and V (Qwen2) — Llama's `attention_bias` sets these and `o_bias`.
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    /// Biases on gate, up and down (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    pub qk_norm: QkNorm,
+    /// RMSNorms after attention and after the feed-forward, before each residual add
+    /// (Gemma-3's four norms per layer).
+    pub post_norms: bool,
+    pub mlp: Mlp,
+    /// The embedding is multiplied by this (Gemma: √d_model).
+    pub embed_scale: Option<f32>,
+    /// The attention scale instead of 1/√head_dim (Gemma: query_pre_attn_scalar^−½).
+    pub attn_scale: Option<f32>,
+    /// Attention scores soft-capped: cap · tanh(s / cap) (Gemma-2).
+    pub attn_softcap: Option<f32>,
+    /// Logits soft-capped the same way (Gemma-2, Gemma-3).
+    pub final_softcap: Option<f32>,
+}
+
+impl Blocks {
+    /// Llama's: no biases, no QK norm, pre-norms only, SwiGLU, no scales or caps.
+    pub const LLAMA: Blocks = Blocks {
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        qk_norm: QkNorm::None,
+        post_norms: false,
+        mlp: Mlp::SwiGlu,
+        embed_scale: None,
+        attn_scale: None,
+        attn_softcap: None,
+        final_softcap: None,
+    };
 }
 
 /// The shape of the model.
@@ -41,9 +109,14 @@ pub struct LlamaConfig {
     pub vocab: usize,
     pub context: usize,
     pub eps: f32,
+    /// The base of the global layers' RoPE (each layer's own is in `Llama::ropes`).
     pub rope_base: f32,
     pub rope: RopeLayout,
+    /// The sparse feed-forward of the MoE layers (which layers: `Layer::ffn`).
     pub moe: Option<MoeSpec>,
+    /// The architecture's row in `arch::ARCHITECTURES` ("llama", "gemma3", ...).
+    pub arch: &'static str,
+    pub blocks: Blocks,
 }
 
 impl LlamaConfig {
@@ -96,8 +169,29 @@ impl LlamaConfig {
                     m.top_k, m.experts
                 ));
             }
+            if m.d_ff == 0 || m.shared == Some(0) {
+                return bad("an expert of width 0".into());
+            }
+        }
+        let b = &self.blocks;
+        for (name, v) in [
+            ("embedding scale", b.embed_scale),
+            ("attention scale", b.attn_scale),
+            ("attention soft-cap", b.attn_softcap),
+            ("final soft-cap", b.final_softcap),
+        ] {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
+                return bad(format!("{name} {v} must be a positive finite number"));
+            }
         }
         Ok(())
+    }
+
+    /// The attention scale: the architecture's, or 1/√head_dim.
+    pub fn attn_scale(&self) -> f32 {
+        self.blocks
+            .attn_scale
+            .unwrap_or(1.0 / (self.head_dim as f32).sqrt())
     }
 
     /// Width of the attention output (heads × head_dim).
@@ -111,30 +205,157 @@ impl LlamaConfig {
     }
 }
 
-/// One expert's SwiGLU: gate and up stacked, down.
+/// y = x·Wᵀ + b, the rows of W in one or more products: Q, K and V (or gate and up) stacked
+/// into one where their formats agree, separate products where they do not (a file's Q and K
+/// in q5_0, V in q8_0: Q+K stacked, V alone); their outputs are concatenated in order.
+pub struct Projection {
+    pub parts: Vec<Prepared>,
+    /// One bias per output row, added after the product.
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Projection {
+    /// Output width (rows of W).
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(Prepared::rows).sum()
+    }
+
+    /// Input width.
+    pub fn cols(&self) -> usize {
+        self.parts[0].cols()
+    }
+
+    /// The format of its first product (of every product, unless a file mixes formats).
+    pub fn format(&self) -> WeightFormat {
+        self.parts[0].format()
+    }
+
+    /// Bytes of the weights counted by `m`, plus the bias in f32.
+    fn bytes_by(&self, m: &impl Fn(&Prepared) -> usize) -> usize {
+        self.parts.iter().map(m).sum::<usize>() + self.bias.as_ref().map_or(0, |b| 4 * b.len())
+    }
+}
+
+impl From<QuantMatrix> for Projection {
+    fn from(m: QuantMatrix) -> Projection {
+        Projection {
+            parts: vec![m.into()],
+            bias: None,
+        }
+    }
+}
+
+/// One expert's gated feed-forward: gate and up (stacked), down.
 pub struct Expert {
-    pub gate_up: Prepared,
-    pub down: Prepared,
+    pub gate_up: Projection,
+    pub down: Projection,
+}
+
+impl Expert {
+    /// The hidden width.
+    pub fn width(&self) -> usize {
+        self.gate_up.rows() / 2
+    }
+}
+
+/// Qwen2-MoE's shared expert: every token's output plus sigmoid(x·gate) times this expert's.
+pub struct SharedExpert {
+    pub expert: Expert,
+    /// The 1 × d_model gate.
+    pub gate: Projection,
 }
 
 /// A layer's feed-forward.
 pub enum Ffn {
     Dense(Expert),
-    /// Router W [d_model × experts] (x·W) and the experts.
+    /// Router W [d_model × experts] (x·W), the routed experts, an optional shared expert.
     Moe {
         router: Vec<f32>,
         experts: Vec<Expert>,
+        shared: Option<SharedExpert>,
     },
 }
 
 /// One decoder layer.
 pub struct Layer {
     pub attn_norm: Vec<f32>,
-    /// Q, K and V stacked: one product per step instead of three.
-    pub wqkv: Prepared,
-    pub wo: Prepared,
+    /// Q, K and V: one product per step where their formats agree.
+    pub wqkv: Projection,
+    /// RMSNorm gains of Q and K before RoPE (`Blocks::qk_norm`).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub wo: Projection,
+    /// The norm of the attention output before the residual add (`Blocks::post_norms`).
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
+    pub post_ffn_norm: Option<Vec<f32>>,
+    /// A query at position p sees keys j with p − j < window (None: all j ≤ p).
+    pub window: Option<usize>,
+    /// Index of the layer's RoPE in `Llama::ropes` (Gemma-3: local or global).
+    pub rope: usize,
+}
+
+impl Layer {
+    /// Every projection of the layer.
+    pub fn projections(&self) -> Vec<&Projection> {
+        let mut all = vec![&self.wqkv, &self.wo];
+        all.extend(self.ffn.projections());
+        all
+    }
+
+    fn projections_mut(&mut self) -> Vec<&mut Projection> {
+        let mut all = vec![&mut self.wqkv, &mut self.wo];
+        match &mut self.ffn {
+            Ffn::Dense(e) => all.extend([&mut e.gate_up, &mut e.down]),
+            Ffn::Moe {
+                experts, shared, ..
+            } => {
+                for e in experts {
+                    all.extend([&mut e.gate_up, &mut e.down]);
+                }
+                if let Some(s) = shared {
+                    all.extend([&mut s.expert.gate_up, &mut s.expert.down, &mut s.gate]);
+                }
+            }
+        }
+        all
+    }
+
+    /// The f32 vectors: norms and the router.
+    fn vector_len(&self) -> usize {
+        let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, Vec::len);
+        let router = match &self.ffn {
+            Ffn::Moe { router, .. } => router.len(),
+            Ffn::Dense(_) => 0,
+        };
+        self.attn_norm.len()
+            + self.ffn_norm.len()
+            + opt(&self.q_norm)
+            + opt(&self.k_norm)
+            + opt(&self.post_attn_norm)
+            + opt(&self.post_ffn_norm)
+            + router
+    }
+}
+
+impl Ffn {
+    /// The feed-forward's projections: the expert's, or every routed and the shared expert's.
+    pub fn projections(&self) -> Vec<&Projection> {
+        match self {
+            Ffn::Dense(e) => vec![&e.gate_up, &e.down],
+            Ffn::Moe {
+                experts, shared, ..
+            } => {
+                let mut all: Vec<&Projection> =
+                    experts.iter().flat_map(|e| [&e.gate_up, &e.down]).collect();
+                if let Some(s) = shared {
+                    all.extend([&s.expert.gate_up, &s.expert.down, &s.gate]);
+                }
+                all
+            }
+        }
+    }
 }
 
 /// Which attention kernels the forward pass calls.
@@ -145,7 +366,8 @@ pub enum AttentionChoice {
     Paged(SplitKv),
 }
 
-/// A loaded model (weights and the attention choice; the KV cache lives in `KvPools`).
+/// A loaded model of any architecture (weights and the attention choice; the KV cache lives in
+/// `KvPools`).
 pub struct Llama {
     pub cfg: LlamaConfig,
     pub embed: Prepared,
@@ -160,8 +382,8 @@ pub struct Llama {
     pub(super) fallback: Box<dyn AttentionKernel>,
     /// What every `KvPools` built for this model stores K/V in (`set_kv_cache`).
     pub(super) kv_cache: KvCacheFormat,
-    /// RoPE inverse frequencies, one per dimension pair.
-    pub(super) inv_freq: Vec<f32>,
+    /// The RoPE of each layer kind (`Layer::rope` indexes it).
+    pub(super) ropes: Vec<Rope>,
 }
 
 /// The greedy choice: the largest logit, the lowest id on ties (NaN never chosen; token 0 for
@@ -174,10 +396,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::FUSED;
 
 /// The product a weight of `format` gets when the model's is `variant`.
-pub(super) fn product_for(
-    variant: MatVecVariant,
-    format: quant_kernels::WeightFormat,
-) -> MatVecVariant {
+pub(super) fn product_for(variant: MatVecVariant, format: WeightFormat) -> MatVecVariant {
     if quant_kernels::supports(variant, format).is_ok() {
         variant
     } else {
@@ -191,20 +410,31 @@ fn relayout(w: &Prepared, variant: MatVecVariant) -> Result<Prepared> {
 }
 
 impl Llama {
-    /// Assembles a model; `attention` is an attention variant spec (naive, flash2, paged, ...).
+    /// Assembles a model; `ropes` are the RoPE of each layer kind (`Layer::rope`), `attention`
+    /// an attention variant spec (naive, flash2, paged, ...).
     pub fn new(
         cfg: LlamaConfig,
         embed: QuantMatrix,
         head: Option<QuantMatrix>,
         out_norm: Vec<f32>,
         layers: Vec<Layer>,
+        ropes: &[RopeSpec],
         attention: &str,
     ) -> Result<Llama> {
         cfg.validate()?;
-        let d = cfg.head_dim;
-        let inv_freq = (0..d / 2)
-            .map(|i| 1.0 / cfg.rope_base.powf((2 * i) as f32 / d as f32))
-            .collect();
+        let ropes = ropes.iter().map(Rope::new).collect::<Result<Vec<_>>>()?;
+        if let Some((i, l)) = layers
+            .iter()
+            .enumerate()
+            .find(|(_, l)| ropes.get(l.rope).is_none_or(|r| r.dim > cfg.head_dim))
+        {
+            return Err(KernelError::InvalidShape(format!(
+                "layer {i} names RoPE {} of {} (each at most head_dim {} wide)",
+                l.rope,
+                ropes.len(),
+                cfg.head_dim
+            )));
+        }
         Ok(Llama {
             attention: attention_choice(attention)?,
             fallback: attention_kernels::kernel_from_spec(&kernel_common::VariantSpec::parse(
@@ -218,8 +448,15 @@ impl Llama {
             head: head.map(Prepared::from),
             out_norm,
             layers,
-            inv_freq,
+            ropes,
         })
+    }
+
+    /// The original context of a longrope RoPE (Phi-3), past which a pass rotates with the
+    /// long factors: a sequence that grows past it is recomputed from its first token
+    /// (`Session` does, as transformers' Phi-3 generation does).
+    pub fn longrope_original(&self) -> Option<usize> {
+        self.ropes.iter().filter_map(Rope::long_from).min()
     }
 
     /// Keeps the first `n` layers (self-speculative drafting by layer skipping, as in
@@ -270,56 +507,74 @@ impl Llama {
             lay(h)?;
         }
         for l in &mut self.layers {
-            lay(&mut l.wqkv)?;
-            lay(&mut l.wo)?;
-            match &mut l.ffn {
-                Ffn::Dense(e) => {
-                    lay(&mut e.gate_up)?;
-                    lay(&mut e.down)?;
-                }
-                Ffn::Moe { experts, .. } => {
-                    for e in experts {
-                        lay(&mut e.gate_up)?;
-                        lay(&mut e.down)?;
-                    }
-                }
+            for p in l.projections_mut() {
+                p.parts.iter_mut().try_for_each(lay)?;
             }
         }
         self.matmul = variant;
         Ok(())
     }
 
-    /// Bytes of all weights (what one decode step must read at least once).
+    /// Bytes of the weights one decode step reads at least once (the embedding only through
+    /// its one row when the head is separate).
     pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes_by(Prepared::byte_len)
+        self.weight_bytes_by(Prepared::byte_len, false)
     }
 
-    /// Bytes the same weights take in f32 (what a reference model or a `self:FORMAT` drafter
-    /// decoded from them holds, for the harness's memory guard).
+    /// Bytes of every weight the model holds: the embedding and a separate head both, every
+    /// layer's projections, norms, biases and routers (what the harness's memory guard
+    /// counts for a loaded model).
+    pub fn held_bytes(&self) -> usize {
+        self.weight_bytes_by(Prepared::byte_len, true)
+    }
+
+    /// Bytes the weights the model holds take in f32 (what a reference model or a
+    /// `self:FORMAT` drafter decoded from them holds, for the harness's memory guard).
     pub fn f32_weight_bytes(&self) -> usize {
-        self.weight_bytes_by(|q| 4 * q.rows() * q.cols())
+        self.weight_bytes_by(|q| 4 * q.rows() * q.cols(), true)
     }
 
-    /// The weights' bytes with each matrix counted by `m`; norms and the router in f32.
-    fn weight_bytes_by(&self, m: impl Fn(&Prepared) -> usize) -> usize {
+    /// The weights' bytes with each matrix counted by `m` (the embedding as well as a
+    /// separate head when `held`); norms, biases and routers in f32.
+    fn weight_bytes_by(&self, m: impl Fn(&Prepared) -> usize, held: bool) -> usize {
         let mut total = self.head.as_ref().map_or(0, &m) + 4 * self.out_norm.len();
-        if self.head.is_none() {
+        if self.head.is_none() || held {
             total += m(&self.embed);
         }
         for l in &self.layers {
-            total += m(&l.wqkv) + m(&l.wo) + 4 * (l.attn_norm.len() + l.ffn_norm.len());
-            total += match &l.ffn {
-                Ffn::Dense(e) => m(&e.gate_up) + m(&e.down),
-                Ffn::Moe { router, experts } => {
-                    4 * router.len()
-                        + experts
-                            .iter()
-                            .map(|e| m(&e.gate_up) + m(&e.down))
-                            .sum::<usize>()
-                }
-            };
+            total += 4 * l.vector_len();
+            total += l
+                .projections()
+                .iter()
+                .map(|p| p.bytes_by(&m))
+                .sum::<usize>();
         }
         total
+    }
+
+    /// The bytes the model holds per stored format, largest first (norms, biases and routers
+    /// count as f32; a tied head once, as the embedding).
+    pub fn bytes_by_format(&self) -> Vec<(WeightFormat, usize)> {
+        let mut by: BTreeMap<String, (WeightFormat, usize)> = BTreeMap::new();
+        let mut add = |f: WeightFormat, n: usize| by.entry(f.to_string()).or_insert((f, 0)).1 += n;
+        add(self.embed.format(), self.embed.byte_len());
+        if let Some(h) = &self.head {
+            add(h.format(), h.byte_len());
+        }
+        let mut vectors = self.out_norm.len();
+        for l in &self.layers {
+            vectors += l.vector_len();
+            for p in l.projections() {
+                for w in &p.parts {
+                    add(w.format(), w.byte_len());
+                }
+                vectors += p.bias.as_ref().map_or(0, Vec::len);
+            }
+        }
+        add(WeightFormat::F32, 4 * vectors);
+        let mut out: Vec<(WeightFormat, usize)> = by.into_values().collect();
+        out.sort_by_key(|p| std::cmp::Reverse(p.1));
+        out
     }
 }
 

@@ -2,11 +2,12 @@
 //! Hugging Face checkpoint directory (`hf`) or a random preset name (`presets`) — and returns
 //! the model built through `source::build` with the source's tokenizer, if it has one.
 
-use crate::model::gguf::{gguf_config, Gguf};
+use crate::model::arch::{self, Naming};
+use crate::model::gguf::{Gguf, Value};
 use crate::model::hf::HfCheckpoint;
-use crate::model::llama::{Llama, Result};
+use crate::model::llama::{Llama, LlamaConfig, Result};
 use crate::model::presets::random_model;
-use crate::model::source::{build, LoadOptions, Naming};
+use crate::model::source::{build, LoadOptions};
 use crate::model::tokenizer::TextTokenizer;
 use std::path::Path;
 
@@ -14,6 +15,8 @@ use std::path::Path;
 pub struct Loaded {
     pub model: Llama,
     pub tokenizer: Option<TextTokenizer>,
+    /// Why a file's tokenizer is absent: its kind is one `TextTokenizer` does not build.
+    pub tokenizer_note: Option<String>,
     /// What was loaded, for provenance ("preset tiny-gqa", a path).
     pub source: String,
 }
@@ -26,6 +29,7 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
         return Ok(Loaded {
             model: dir.build(opts)?,
             tokenizer: dir.tokenizer()?,
+            tokenizer_note: None,
             source: path.display().to_string(),
         });
     }
@@ -35,16 +39,43 @@ pub fn load(model: &str, opts: &LoadOptions) -> Result<Loaded> {
     Ok(Loaded {
         model: random_model(model, opts)?,
         tokenizer: None,
+        tokenizer_note: None,
         source: format!("preset {model}"),
     })
 }
 
-/// The model and tokenizer of a parsed GGUF file.
+/// The model and tokenizer of a parsed GGUF file. A tokenizer of a kind `TextTokenizer` does
+/// not build (its `tokenizer.ggml.model` is not byte-level BPE) leaves the model usable with
+/// token ids, the reason in `tokenizer_note`; a damaged byte-level BPE is an error.
 pub fn load_gguf(g: &Gguf, opts: &LoadOptions) -> Result<Loaded> {
-    let model = build(gguf_config(g)?, g, Naming::Gguf, false, opts)?;
+    let model = build(&arch::from_gguf(g)?, g, Naming::Gguf, opts)?;
+    let bpe = matches!(g.meta.get("tokenizer.ggml.model"), Some(Value::Str(m)) if m == "gpt2");
+    let (tokenizer, tokenizer_note) = match TextTokenizer::from_gguf(g) {
+        Ok(t) => (Some(t), None),
+        Err(e) if !bpe => (None, Some(e.to_string())),
+        Err(e) => return Err(e),
+    };
     Ok(Loaded {
         model,
-        tokenizer: Some(TextTokenizer::from_gguf(g)?),
+        tokenizer,
+        tokenizer_note,
         source: g.path.display().to_string(),
     })
+}
+
+/// The shape of a GGUF file of any architecture in the table.
+pub fn gguf_config(g: &Gguf) -> Result<LlamaConfig> {
+    Ok(arch::from_gguf(g)?.cfg)
+}
+
+impl Llama {
+    /// Loads `g` (its architecture from `general.architecture`); `attention` is an attention
+    /// variant spec.
+    pub fn from_gguf(g: &Gguf, attention: &str) -> Result<Llama> {
+        let opts = LoadOptions {
+            attention: attention.into(),
+            ..LoadOptions::default()
+        };
+        build(&arch::from_gguf(g)?, g, Naming::Gguf, &opts)
+    }
 }

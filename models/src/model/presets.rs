@@ -4,12 +4,14 @@
 //! embeddings N(0, 1), norms 1: logits of order one, so greedy choices are not near-ties. The
 //! shape-only presets of `config.rs` (Llama-2, Mixtral-8x7B) are for calculators.
 
+use crate::model::arch::{self, ModelSpec, Naming};
 use crate::model::config;
-use crate::model::llama::{Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
-use crate::model::source::{build, LoadOptions, Naming, TensorSource};
+use crate::model::llama::{Blocks, Llama, LlamaConfig, MoeSpec, Result, RopeLayout};
+use crate::model::rope::RopeSpec;
+use crate::model::source::{build, LoadOptions, TensorSource};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{DType, KernelError};
-use moe_kernels::Capacity;
+use moe_kernels::{Capacity, WeightNorm};
 use quant_kernels::{QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
 
@@ -36,6 +38,8 @@ const fn tiny(heads: usize, kv_heads: usize, d_ff: usize, moe: Option<MoeSpec>) 
         rope_base: 10000.0,
         rope: RopeLayout::HalfSplit,
         moe,
+        arch: if moe.is_some() { "mixtral" } else { "llama" },
+        blocks: Blocks::LLAMA,
     }
 }
 
@@ -56,6 +60,8 @@ const fn micro(seed: u64, name: &'static str) -> RandomPreset {
             rope_base: 10000.0,
             rope: RopeLayout::HalfSplit,
             moe: None,
+            arch: "llama",
+            blocks: Blocks::LLAMA,
         },
         seed,
     }
@@ -95,6 +101,9 @@ pub const RANDOM_PRESETS: &[RandomPreset] = &[
                 experts: 8,
                 top_k: 2,
                 capacity: Capacity::Dropless,
+                d_ff: 256,
+                norm: WeightNorm::Renormalize,
+                shared: None,
             }),
         ),
         seed: 14,
@@ -183,7 +192,10 @@ fn generate(p: &RandomPreset) -> Result<Generated> {
 /// The preset `name` with its seeded weights.
 pub fn random_model(name: &str, opts: &LoadOptions) -> Result<Llama> {
     if let Some(p) = random_preset(name) {
-        return build(p.cfg, &generate(&p)?, Naming::Hf, false, opts);
+        let row = arch::by_name(p.cfg.arch).expect("presets name rows of the table");
+        let rope = RopeSpec::plain(p.cfg.rope_base as f64, p.cfg.head_dim);
+        let spec = ModelSpec::uniform(row, p.cfg, rope, None, false);
+        return build(&spec, &generate(&p)?, Naming::Hf, opts);
     }
     let known: Vec<&str> = RANDOM_PRESETS.iter().map(|p| p.name).collect();
     if let Some(shape) = config::preset(name) {

@@ -1,6 +1,9 @@
 //! A batch-1 session (the convenience over vLLM-style paged storage for one request): one
 //! sequence over its own `KvPools`, blocks 0.. in order, prompt then token by token, for tests
-//! and plain generation; `Llama::greedy` on top of it.
+//! and plain generation; `Llama::greedy` on top of it. A model with longrope (Phi-3) is run as
+//! transformers' Phi-3 generation runs it: the step whose sequence first passes the original
+//! context recomputes the whole sequence (its cached keys were rotated with the short factors,
+//! the rest of the run uses the long ones).
 
 use crate::model::forward::SeqChunk;
 use crate::model::kv::KvPools;
@@ -14,6 +17,8 @@ pub struct Session<'m> {
     table: Vec<u32>,
     /// Tokens in the cache.
     pub len: usize,
+    /// Their ids (a longrope model recomputes them once: `Llama::longrope_original`).
+    history: Vec<u32>,
 }
 
 impl<'m> Session<'m> {
@@ -31,11 +36,21 @@ impl<'m> Session<'m> {
             kv: KvPools::new(model, blocks, block_size)?,
             table: (0..blocks as u32).collect(),
             len: 0,
+            history: vec![],
         })
     }
 
     /// Runs `tokens` at the end of the context; returns the logits of the last one.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, false)
+    }
+
+    /// Logits of every token of `tokens` (e.g. a whole prompt, to compare with a reference).
+    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, true)
+    }
+
+    fn run(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let cap = self.table.len() * self.kv.layout.block_size;
         if self.len + tokens.len() > cap {
             return Err(KernelError::InvalidShape(format!(
@@ -43,30 +58,37 @@ impl<'m> Session<'m> {
                 self.len + tokens.len()
             )));
         }
+        let crosses = self
+            .model
+            .longrope_original()
+            .is_some_and(|o| self.len > 0 && self.len <= o && self.len + tokens.len() > o);
+        // Crossing: the whole sequence again, in the long regime; the logits of its new tokens.
+        let earlier = if crosses {
+            std::mem::take(&mut self.len)
+        } else {
+            0
+        };
+        self.history.extend_from_slice(tokens);
         let chunk = SeqChunk {
-            tokens,
+            tokens: &self.history[self.len..],
             start: self.len,
             table: &self.table,
-            all_logits: false,
+            all_logits: all_logits || crosses,
             tree: None,
         };
         let logits = self.model.forward(&mut self.kv, &[chunk])?;
-        self.len += tokens.len();
-        Ok(logits.into_iter().next().expect("one chunk"))
-    }
-
-    /// Logits of every token of `tokens` (e.g. a whole prompt, to compare with a reference).
-    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let chunk = SeqChunk {
-            tokens,
-            start: self.len,
-            table: &self.table,
-            all_logits: true,
-            tree: None,
-        };
-        let logits = self.model.forward(&mut self.kv, &[chunk])?;
-        self.len += tokens.len();
-        Ok(logits.into_iter().next().expect("one chunk"))
+        self.len = self.history.len();
+        let mut logits = logits.into_iter().next().expect("one chunk");
+        if crosses {
+            let vocab = self.model.cfg.vocab;
+            let keep = if all_logits {
+                earlier
+            } else {
+                earlier + tokens.len() - 1
+            };
+            logits.drain(..keep * vocab);
+        }
+        Ok(logits)
     }
 }
 

@@ -211,27 +211,14 @@ impl Bench {
 }
 
 /// Stored bits per weight over the projection matrices of `m` (Q/K/V, O, gate/up, down of
-/// every layer): what a per-layer plan changes.
+/// every layer, every expert's): what a per-layer plan changes.
 pub fn projection_bits(m: &Llama) -> f64 {
     let (mut bits, mut params) = (0.0, 0.0);
-    let mut add = |p: &quant_kernels::Prepared| {
-        let n = (p.rows() * p.cols()) as f64;
-        bits += 8.0 * p.byte_len() as f64;
-        params += n;
-    };
     for l in &m.layers {
-        add(&l.wqkv);
-        add(&l.wo);
-        match &l.ffn {
-            models::model::llama::Ffn::Dense(e) => {
-                add(&e.gate_up);
-                add(&e.down);
-            }
-            models::model::llama::Ffn::Moe { experts, .. } => {
-                for e in experts {
-                    add(&e.gate_up);
-                    add(&e.down);
-                }
+        for p in l.projections() {
+            for w in &p.parts {
+                bits += 8.0 * w.byte_len() as f64;
+                params += (w.rows() * w.cols()) as f64;
             }
         }
     }

@@ -293,7 +293,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
 fn quality_need(model: &Llama, ctx: usize, chunk: usize) -> (u64, String) {
     use crate::mem_guard::{human, product};
     let c = &model.cfg;
-    let weights = model.weight_bytes() as u64;
+    let weights = model.held_bytes() as u64;
     let kv = product(&[c.layers, ctx, c.kv_heads, c.head_dim, 2, 4]);
     let kept = product(&[ctx, c.vocab, 4]);
     let logits = product(&[chunk.min(ctx), c.vocab, 8]);

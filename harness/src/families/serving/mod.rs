@@ -333,7 +333,7 @@ fn engine_over_budget(
     budget: &crate::mem_guard::MemBudget,
 ) -> Option<String> {
     use crate::mem_guard::{human, product};
-    let weights = model.weight_bytes() as u64;
+    let weights = model.held_bytes() as u64;
     let pool = models::KvPools::planned_bytes(model, cfg.num_blocks, cfg.block_size);
     let c = &model.cfg;
     let tokens = cfg.token_budget.max(cfg.max_batch);

@@ -92,7 +92,7 @@ fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize
         quant_kernels::WeightFormat::parse(fmt)
             .map_or(f32_bytes, |f| f32_bytes * f.bits_per_weight() / 32.0) as u64
     } else if spec.starts_with("self-layers:") || spec == path {
-        target.weight_bytes() as u64
+        target.held_bytes() as u64
     } else if let Some(shape) = models::preset(spec) {
         shape.params().saturating_mul(4)
     } else {
@@ -188,16 +188,14 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     // The memory guard: every drafter is held for the whole run, so each is counted on top
     // of the target and the ones before it; a drafter that would go over the budget is not
     // built, and its points are skipped with the note.
-    let mut held = target.weight_bytes() as u64 + planned_kv(target, capacity);
+    let mut held = target.held_bytes() as u64 + planned_kv(target, capacity);
     let mut drafters_at = vec![];
     for d in &drafters {
         for &temp in &temps {
             let need = drafter_bytes(target, &path, d, capacity);
             let what = format!(
                 "the target and its K/V {}, drafters before it, drafter {d} {}",
-                crate::mem_guard::human(
-                    target.weight_bytes() as u64 + planned_kv(target, capacity)
-                ),
+                crate::mem_guard::human(target.held_bytes() as u64 + planned_kv(target, capacity)),
                 crate::mem_guard::human(need)
             );
             if let Some(note) = opts.mem_budget.refuse(held.saturating_add(need), &what) {

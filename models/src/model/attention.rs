@@ -1,0 +1,150 @@
+//! The attention of one layer over the paged KV cache, for a batch of chunks: tree attention
+//! for draft-tree chunks (SpecInfer), paged decode on the pool for chunks of ≤ 16 tokens
+//! (vLLM PagedAttention), or a contiguous kernel on K/V gathered from the cache (prompts, and
+//! every chunk under a contiguous `--attention`), at the model's scale (1/√head_dim, or the
+//! architecture's: Gemma's query_pre_attn_scalar), within the layer's sliding window (a query
+//! at position p sees key j iff j ≤ p and p − j < window: transformers' sliding-window mask)
+//! and with the architecture's score soft-cap (cap · tanh(s / cap), Gemma-2).
+
+use crate::model::forward::SeqChunk;
+use crate::model::kv::KvPools;
+use crate::model::llama::{AttentionChoice, Llama, Result};
+use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_common::{Buffer, DType, Device, KernelError};
+use paged_kernels::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
+use spec_kernels::{tree_attention, TreeAttnShape, TreeContext};
+
+impl Llama {
+    /// Attention of every chunk's queries (rows of `q`, `[rows, heads·hd]`) over its cached
+    /// context; returns rows in the same layout.
+    pub(super) fn attention(
+        &self,
+        kv: &KvPools,
+        li: usize,
+        chunks: &[SeqChunk],
+        offsets: &[usize],
+        q: &[f32],
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (hd, qd, heads) = (cfg.head_dim, cfg.q_dim(), cfg.heads);
+        let scale = cfg.attn_scale();
+        let (window, softcap) = (self.layers[li].window, cfg.blocks.attn_softcap);
+        let mut attn = vec![f32::NAN; q.len()];
+        let mut done = vec![false; chunks.len()];
+        for (i, c) in chunks.iter().enumerate() {
+            let Some(t) = &c.tree else { continue };
+            let n = c.tokens.len();
+            let shape = TreeAttnShape {
+                q_heads: heads,
+                kv_heads: cfg.kv_heads,
+                head_dim: hd,
+                scale,
+                window,
+                softcap,
+            };
+            let rows = offsets[i] * qd..(offsets[i] + n) * qd;
+            let pool = kv.layers[li].float_pool().ok_or_else(|| {
+                KernelError::Unsupported(format!(
+                    "tree attention (speculative decoding) reads an f32 KV cache; this one is {}",
+                    kv.format
+                ))
+            })?;
+            let at = TreeContext {
+                pool,
+                table: c.table,
+                ctx: c.start,
+                tree: t.tree,
+                nodes: t.nodes,
+            };
+            tree_attention(&shape, &at, &q[rows.clone()], &mut attn[rows])?;
+            done[i] = true;
+        }
+        if let AttentionChoice::Paged(split) = self.attention {
+            // One paged decode call per distinct chunk length ≤ MAX_Q_LEN.
+            for q_len in 1..=MAX_Q_LEN {
+                let group: Vec<usize> = (0..chunks.len())
+                    .filter(|&i| !done[i] && chunks[i].tokens.len() == q_len)
+                    .collect();
+                if group.is_empty() {
+                    continue;
+                }
+                let mut qh = vec![0.0f32; group.len() * qd * q_len];
+                for (s, &i) in group.iter().enumerate() {
+                    for r in 0..q_len {
+                        for h in 0..heads {
+                            let src = (offsets[i] + r) * qd + h * hd;
+                            let dst = ((s * heads + h) * q_len + r) * hd;
+                            qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
+                        }
+                    }
+                }
+                let batch = PagedBatch {
+                    context_lens: group.iter().map(|&i| chunks[i].start + q_len).collect(),
+                    block_tables: group.iter().map(|&i| chunks[i].table.to_vec()).collect(),
+                };
+                let shape = PagedDecodeShape {
+                    q_heads: heads,
+                    kv_heads: cfg.kv_heads,
+                    head_dim: hd,
+                    q_len,
+                    scale,
+                    window,
+                    softcap,
+                };
+                let mut out = vec![f32::NAN; qh.len()];
+                paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;
+                for (s, &i) in group.iter().enumerate() {
+                    for r in 0..q_len {
+                        for h in 0..heads {
+                            let src = ((s * heads + h) * q_len + r) * hd;
+                            let dst = (offsets[i] + r) * qd + h * hd;
+                            attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
+                        }
+                    }
+                    done[i] = true;
+                }
+            }
+        }
+        for (i, c) in chunks.iter().enumerate().filter(|(i, _)| !done[*i]) {
+            let n = c.tokens.len();
+            let total = c.start + n;
+            let (k, v) = kv.gather(li, c.table, total)?;
+            let mut qh = vec![0.0f32; n * qd];
+            for r in 0..n {
+                for h in 0..heads {
+                    let (src, dst) = ((offsets[i] + r) * qd + h * hd, (h * n + r) * hd);
+                    qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
+                }
+            }
+            let shape = AttentionShape {
+                scale,
+                ..AttentionShape::new(1, heads, cfg.kv_heads, n, total, hd, true)
+            }
+            .with_window(window)
+            .with_softcap(softcap);
+            let inputs = AttentionInputs {
+                q: Buffer::F32(qh),
+                k,
+                v,
+            };
+            let kernel = match &self.attention {
+                AttentionChoice::Contiguous(k)
+                    if k.supports(&shape, DType::F32, Device::Cpu).is_ok() =>
+                {
+                    k
+                }
+                _ => &self.fallback,
+            };
+            let mut out = Buffer::poisoned(DType::F32, n * qd);
+            kernel.prepare(&shape, &inputs)?.run(&mut out)?;
+            let out = out.to_f32();
+            for r in 0..n {
+                for h in 0..heads {
+                    let (src, dst) = ((h * n + r) * hd, (offsets[i] + r) * qd + h * hd);
+                    attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
+                }
+            }
+        }
+        Ok(attn)
+    }
+}

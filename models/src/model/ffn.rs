@@ -1,0 +1,132 @@
+//! The feed-forward of a decoder layer: a gated MLP — SwiGLU, silu(gate) · up (Shazeer 2020,
+//! `kernel_cpu::ops::swiglu`), or GeGLU with the tanh GELU (Gemma's `gelu_pytorch_tanh`:
+//! ½x(1 + tanh(√(2/π)(x + 0.044715x³)))) — or a sparse MoE block routed by
+//! `moe_kernels::route` (softmax over the experts, top-k, the k weights renormalised as
+//! Mixtral and `norm_topk_prob` do or kept raw as OLMoE does, capacity), each expert's MLP on
+//! the rows routed to it, combined with the routing weights, plus Qwen2-MoE's shared expert
+//! scaled by sigmoid(x · gate).
+
+use crate::model::llama::{Expert, Ffn, Llama, Mlp, Result, SharedExpert};
+use moe_kernels::{route, MoeConfig, Priority};
+use quant_kernels::MatVecVariant;
+
+/// gelu_tanh(gate) · up for rows of [gate | up] (each 2f wide).
+fn geglu(gate_up: &[f32], f: usize) -> Vec<f32> {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    let mut out = Vec::with_capacity(gate_up.len() / 2);
+    for row in gate_up.chunks_exact(2 * f) {
+        let (g, u) = row.split_at(f);
+        out.extend(
+            g.iter()
+                .zip(u)
+                .map(|(&x, &u)| 0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh()) * u),
+        );
+    }
+    out
+}
+
+impl Expert {
+    /// down(act(gate) · up) for `n` rows of `x`.
+    fn forward(&self, x: &[f32], n: usize, mlp: Mlp, v: MatVecVariant) -> Result<Vec<f32>> {
+        let gu = self.gate_up.forward(x, n, v)?;
+        let f = self.width();
+        let h = match mlp {
+            Mlp::SwiGlu => {
+                let mut out = vec![0.0f32; gu.len() / 2];
+                kernel_cpu::ops::swiglu(&gu, f, &mut out);
+                out
+            }
+            Mlp::GeGlu => geglu(&gu, f),
+        };
+        self.down.forward(&h, n, v)
+    }
+}
+
+impl Llama {
+    /// The feed-forward `ffn` of `n` rows of `x`.
+    pub(super) fn ffn(&self, ffn: &Ffn, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mlp = self.cfg.blocks.mlp;
+        match ffn {
+            Ffn::Dense(e) => e.forward(x, n, mlp, self.matmul),
+            Ffn::Moe {
+                router,
+                experts,
+                shared,
+            } => {
+                let mut out = self.moe(router, experts, x, n)?;
+                if let Some(s) = shared {
+                    self.add_shared(s, x, n, &mut out)?;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The routed experts: route (softmax, top-k, the spec's weight rule, capacity), then each
+    /// expert's MLP on the rows routed to it, combined with the routing weights.
+    fn moe(&self, router: &[f32], experts: &[Expert], x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let spec = cfg.moe.expect("an MoE layer has a spec");
+        let mcfg = MoeConfig::token_choice(
+            n,
+            cfg.d_model,
+            spec.d_ff,
+            spec.experts,
+            spec.top_k,
+            Priority::TokenOrder,
+            spec.norm,
+            spec.capacity,
+        );
+        let routing = route(&mcfg, x, router, &vec![0.0; spec.experts])?;
+        let d = cfg.d_model;
+        let mut out = vec![0.0f32; n * d];
+        for (e, expert) in experts.iter().enumerate() {
+            let mine: Vec<_> = routing
+                .assignments
+                .iter()
+                .filter(|a| a.kept && a.expert == e)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let rows: Vec<f32> = mine
+                .iter()
+                .flat_map(|a| x[a.token * d..(a.token + 1) * d].iter().copied())
+                .collect();
+            let y = expert.forward(&rows, mine.len(), cfg.blocks.mlp, self.matmul)?;
+            for (a, yr) in mine.iter().zip(y.chunks(d)) {
+                let w = a.weight as f32;
+                out[a.token * d..(a.token + 1) * d]
+                    .iter_mut()
+                    .zip(yr)
+                    .for_each(|(o, v)| *o += w * v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// out += sigmoid(x · gate) · shared(x), row by row.
+    fn add_shared(&self, s: &SharedExpert, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        let y = s.expert.forward(x, n, self.cfg.blocks.mlp, self.matmul)?;
+        let g = s.gate.forward(x, n, self.matmul)?;
+        let d = self.cfg.d_model;
+        for ((o, yr), g) in out.chunks_mut(d).zip(y.chunks(d)).zip(g) {
+            let w = 1.0 / (1.0 + (-g).exp());
+            o.iter_mut().zip(yr).for_each(|(o, v)| *o += w * v);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geglu_is_the_tanh_gelu_times_up() {
+        // gelu_tanh(1) = 0.841192, gelu_tanh(-2) = -0.045402 (torch, approximate="tanh").
+        let out = geglu(&[1.0, -2.0, 3.0, 0.5], 2);
+        assert!((out[0] - 0.841_192 * 3.0).abs() < 1e-5, "{out:?}");
+        assert!((out[1] + 0.045_402 * 0.5).abs() < 1e-5, "{out:?}");
+    }
+}
