@@ -17,6 +17,8 @@ pub mod act_q8;
 pub mod avx2;
 /// AVX-512 in-register decode + dot kernels.
 pub mod avx512;
+/// The codec formats' products (Q5_0, Q5_1, IQ4_NL, K-quants) at every tier, one source each.
+pub mod codec_kernels;
 /// Weight formats and byte layouts.
 pub mod format;
 /// ggml Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block codecs and bf16.

@@ -14,8 +14,10 @@
 //!   integer dot products per chunk (`avx512::q8act` with VNNI, `avx2::q8act`, or
 //!   `portable::rows_dot_q8`).
 //!
-//! Formats the in-register kernels do not take (3/5/6/7-bit codes, 2-bit groups of 32, groups
-//! that are not a multiple of the 16-byte chunk) and the portable tier use `portable`.
+//! The codec formats (Q5_0, Q5_1, IQ4_NL and the K-quants) have their own f32-activation
+//! kernels at every tier (`codec_kernels`). Other formats the in-register kernels do not
+//! take (3/5/6/7-bit codes, 2-bit groups of 32, groups that are not a multiple of the 16-byte
+//! chunk, bf16) and the portable tier use `portable`.
 //! `MatVecVariant::Dequant` is the unfused baseline: all of W dequantised to f32 on every call,
 //! then the f32 product; `MatVecVariant::Faer` the library baseline: f32 weights, one faer GEMM
 //! call.
@@ -24,7 +26,7 @@ use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::QuantMatrix;
 use crate::plan::BlockPlan;
-use crate::{avx2, avx512, portable};
+use crate::{avx2, avx512, codec_kernels, portable};
 use kernel_common::{error::Result, Cost, KernelError};
 use kernel_cpu::gemm::{sgemm_parallel, Strides};
 use kernel_cpu::rows::{self as row_kernels, RowKernels};
@@ -193,6 +195,10 @@ pub fn matmul(
             let bytes: Vec<u8> = dense.iter().flat_map(|v| v.to_le_bytes()).collect();
             let f = QuantMatrix::from_bytes(WeightFormat::F32, w.rows, w.cols, bytes)?;
             matmul(&f, x, batch, y, MatVecVariant::Fused(Some(isa)))
+        }
+        MatVecVariant::Fused(_) if codec_kernels::supports(w.format) => {
+            codec_kernels::matmul_f32(w, x, batch, y, isa);
+            Ok(())
         }
         MatVecVariant::Fused(_) => {
             let kernel = Kernel::new(w, isa);
@@ -368,7 +374,7 @@ impl Kernel {
 
 /// Runs `task(r0, mr, out)` over row tasks in parallel, each filling a batch × mr block, and
 /// scatters the blocks into y (batch × rows).
-fn by_row_tasks(
+pub(crate) fn by_row_tasks(
     w: &QuantMatrix,
     batch: usize,
     y: &mut [f32],
