@@ -68,7 +68,7 @@ use kernel_common::{error::Result, KernelError, VariantSpec};
 pub const VARIANTS: &[VariantInfo] = &[
     VariantInfo::cpu(
         "fused",
-        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2)",
+        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2; for q5_0/q5_1/iq4_nl/K-quants Q8_0/Q8_1/Q8_K activations and pmaddwd)",
     ),
     VariantInfo::cpu(
         "packed",

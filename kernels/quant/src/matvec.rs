@@ -14,8 +14,8 @@
 //!   integer dot products per chunk (`avx512::q8act` with VNNI, `avx2::q8act`, or
 //!   `portable::rows_dot_q8`).
 //!
-//! The codec formats (Q5_0, Q5_1, IQ4_NL and the K-quants) have their own f32-activation
-//! kernels at every tier (`codec_kernels`). Other formats the in-register kernels do not
+//! The codec formats (Q5_0, Q5_1, IQ4_NL and the K-quants) have their own kernels at every tier
+//! (`codec_kernels`), `Fused` and `FusedQ8` alike. Other formats the in-register kernels do not
 //! take (3/5/6/7-bit codes, 2-bit groups of 32, groups that are not a multiple of the 16-byte
 //! chunk, bf16) and the portable tier use `portable`.
 //! `MatVecVariant::Dequant` is the unfused baseline: all of W dequantised to f32 on every call,
@@ -95,19 +95,30 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
         )));
     }
     if matches!(variant, MatVecVariant::FusedQ8(_))
+        && !codec_kernels::supports(format)
         && !BlockPlan::for_format(format).is_some_and(|p| act_q8::supports(&p))
     {
         return Err(KernelError::Unsupported(format!(
-            "act=q8 takes 4- or 8-bit codes in groups of 32k (q4_0, q4_1, q8_0, sym/asym 4 and 8), not {format}"
+            "act=q8 takes the ggml blocks (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k..q6_k, q8_k) and 4- or 8-bit codes in groups of 32k (sym/asym 4 and 8), not {format}"
         )));
     }
     Ok(())
 }
 
-/// The activation a variant actually multiplies: x itself, or for `FusedQ8` its int8
-/// quantisation dequantised (what the reference must use to judge that variant).
-pub fn activation_as_seen(variant: MatVecVariant, x: &[f32], cols: usize) -> Vec<f32> {
+/// The activation a variant actually multiplies on weights of `format`: x itself, or for
+/// `FusedQ8` / `Packed` its int8 quantisation dequantised — per 32 values (Q8_0 / Q8_1), or
+/// per 256 (Q8_K) for the K-quants — what the reference must use to judge that variant.
+pub fn activation_as_seen(
+    variant: MatVecVariant,
+    format: WeightFormat,
+    x: &[f32],
+    cols: usize,
+) -> Vec<f32> {
     match variant {
+        MatVecVariant::FusedQ8(_) if codec_kernels::supports(format) => x
+            .chunks(cols)
+            .flat_map(|xb| codec_kernels::act::activation_as_seen(format, xb))
+            .collect(),
         MatVecVariant::FusedQ8(_) | MatVecVariant::Packed(_) => x
             .chunks(cols)
             .flat_map(act_q8::activation_as_seen)
@@ -181,6 +192,10 @@ pub fn matmul(
         }
         MatVecVariant::Packed(_) => {
             crate::packed::matmul(&crate::packed::PackedMatrix::pack(w)?, x, batch, y, isa)
+        }
+        MatVecVariant::FusedQ8(_) if codec_kernels::supports(w.format) => {
+            codec_kernels::matmul_q8(w, x, batch, y, isa);
+            Ok(())
         }
         MatVecVariant::FusedQ8(_) => {
             let plan = BlockPlan::for_format(w.format).expect("supports() checked the format");

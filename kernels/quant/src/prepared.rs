@@ -125,7 +125,7 @@ mod tests {
                 .sample(rows, cols, rows as u64);
                 let m = Arc::new(QuantMatrix::quantize(f, rows, cols, &w).unwrap());
                 let x = normal_f32(&mut rng(7), batch * cols, 1.0);
-                let seen = matvec::activation_as_seen(MatVecVariant::Packed(None), &x, cols);
+                let seen = matvec::activation_as_seen(MatVecVariant::Packed(None), f, &x, cols);
                 let want = reference::matmul(&m, &seen, batch);
                 for isa in kernel_cpu::isa::runnable() {
                     let v = MatVecVariant::Packed(Some(isa));

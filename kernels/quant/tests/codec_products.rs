@@ -1,7 +1,8 @@
 //! The products of the codec formats (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, Q8_K) at every ISA tier
 //! this machine runs (`isa::runnable`; the others are named as skipped): the batch-1 GEMV and
-//! the multi-token tile with f32 activations (B from 1 to 64, odd ones included), each
-//! against the f64 product of the dequantised weights, on NaN-poisoned outputs; NaN and
+//! the multi-token tile with f32 activations (B from 1 to 64, odd ones included) and the
+//! int8-activation product, each against the f64 product of the dequantised weights with the
+//! activation the variant multiplies (`activation_as_seen`), on NaN-poisoned outputs; NaN and
 //! ±Inf activations make exactly their own batch entry's outputs non-finite; arbitrary
 //! bytes (NaN/Inf scales) multiply without a panic.
 
@@ -17,18 +18,20 @@ const FORMATS: [&str; 9] = [
     "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_k",
 ];
 
-/// Fused at every tier this process runs.
+/// Fused and FusedQ8 at every tier this process runs.
 fn variants() -> Vec<MatVecVariant> {
-    kernel_cpu::isa::runnable()
-        .into_iter()
-        .map(|isa| MatVecVariant::Fused(Some(isa)))
-        .collect()
+    let mut v = vec![];
+    for isa in kernel_cpu::isa::runnable() {
+        v.push(MatVecVariant::Fused(Some(isa)));
+        v.push(MatVecVariant::FusedQ8(Some(isa)));
+    }
+    v
 }
 
 fn check(m: &QuantMatrix, x: &[f32], batch: usize) {
     for v in variants() {
         supports(v, m.format).unwrap_or_else(|e| panic!("{} {v:?}: {e}", m.format));
-        let want = reference::matmul(m, &activation_as_seen(v, x, m.cols), batch);
+        let want = reference::matmul(m, &activation_as_seen(v, m.format, x, m.cols), batch);
         let mut y = vec![f32::NAN; batch * m.rows];
         matmul(m, x, batch, &mut y, v).unwrap();
         let stats = ErrorStats::compare(&y, &want);

@@ -48,7 +48,7 @@ fn check_products(m: &QuantMatrix, batch: usize, seed: u64) {
             continue;
         }
         // FusedQ8 multiplies the int8-quantised activation: the reference takes that one.
-        let want = reference::matmul(m, &activation_as_seen(v, &x, m.cols), batch);
+        let want = reference::matmul(m, &activation_as_seen(v, m.format, &x, m.cols), batch);
         let mut y = vec![f32::NAN; batch * m.rows];
         matmul(m, &x, batch, &mut y, v).unwrap();
         let stats = ErrorStats::compare(&y, &want);

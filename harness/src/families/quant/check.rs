@@ -194,7 +194,7 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             if supports(variant, case.format).is_err() {
                 continue;
             }
-            let seen = quant_kernels::activation_as_seen(variant, &x, case.cols);
+            let seen = quant_kernels::activation_as_seen(variant, case.format, &x, case.cols);
             let want = reference::matmul(&m, &seen, case.batch);
             let tol = tolerance(DType::F32).scaled_to(&want);
             let mut y = vec![f32::NAN; case.batch * case.rows];

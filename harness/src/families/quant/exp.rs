@@ -505,7 +505,7 @@ impl Check<'_> {
             .collect();
         // act=q8 multiplies the int8-quantised activation: judge it against that product
         // (out_rel_err below still measures against x itself).
-        let seen = quant_kernels::activation_as_seen(variant, self.x, m.cols);
+        let seen = quant_kernels::activation_as_seen(variant, m.format, self.x, m.cols);
         let want = reference::matmul_rows(m, &seen, batch, self.sampled);
         let stats = ErrorStats::compare(&got, &want);
         row.max_abs_err = Some(stats.max_abs);

@@ -110,7 +110,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
             None => None,
         };
         let expect_for = |variant: MatVecVariant, stored: Option<Output>| {
-            let seen = quant_kernels::activation_as_seen(variant, &av, cols);
+            let seen = quant_kernels::activation_as_seen(variant, w.format, &av, cols);
             let reference = quant_kernels::reference::matmul(&w, &seen, batch);
             Arc::new(Expect {
                 tol: tolerance(DType::F32).scaled_to(&reference),

@@ -1,5 +1,6 @@
 //! Y = X·Wᵀ for the formats with a `Codec` (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, Q8_K) at every ISA
-//! tier: the batch-1 GEMV and the multi-token tile with f32 activations (`gemv`, `tile`). Each
+//! tier: the batch-1 GEMV and the multi-token tile with f32 activations (`gemv`, `tile`) and
+//! the int8-activation GEMV in llama.cpp's arithmetic (`q8`, activations from `act`). Each
 //! body is plain Rust over fixed lane arrays, `#[inline(always)]`, compiled three times —
 //! inside an AVX-512 (`avx512f,avx512bw,avx512vl,avx2,fma,f16c`) and an AVX2 (`avx2,fma,f16c`)
 //! `#[target_feature]` wrapper, and plain for the portable tier — the pattern of
@@ -7,22 +8,27 @@
 //! this machine cannot run) is the same source the AVX2 and portable builds test here.
 //!
 //! Checked in the test binary's assembly (`objdump -d`): the AVX2 wrappers' inner loops are
-//! ymm code (gemv: `vpmovsxbd` + `vcvtdq2ps` + `vmulps`/`vaddps`; tile:
+//! ymm code (gemv: `vpmovsxbd` + `vcvtdq2ps` + `vmulps`/`vaddps`; q8: `vpmaddwd`; tile:
 //! `vmulps`/`vaddps` on 8 accumulators), the portable ones the same on xmm (SSE2/SSE4.1
 //! shuffles for the widening).
 //!
 //! Rows are split over threads as the other kernels do: `team::for_each_chunk_mut` for the
 //! GEMVs, `matvec::by_row_tasks` for the tiles.
 
+/// The int8 activations (Q8_K, Q8_0, Q8_1) of each format.
+pub mod act;
 /// Batch 1, f32 activations.
 pub mod gemv;
 /// The per-tier integer pair dot and table lookup.
 pub mod prims;
+/// int8 activations.
+pub mod q8;
 /// Batch ≥ 2, f32 activations: decoded tiles × register-blocked micro-kernel.
 pub mod tile;
 
 use crate::matrix::QuantMatrix;
 use crate::unpack::{self, with_codec, Codec};
+use act::CodecActivation;
 use kernel_cpu::{team, Isa};
 #[cfg(target_arch = "x86_64")]
 use prims::Avx2;
@@ -65,6 +71,14 @@ pub fn matmul_f32(w: &QuantMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: 
         _ => unreachable!("{} has no codec kernels", w.format))
 }
 
+/// Y = X·Wᵀ with each activation row quantised to the format's `vec_dot_type` (`act`).
+pub fn matmul_q8(w: &QuantMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa) {
+    let tier = Tier::of(isa);
+    debug_assert_eq!(x.len(), batch * w.cols);
+    with_codec!(w.format, C => q8_product::<C>(w, x, y, tier),
+        _ => unreachable!("{} has no codec kernels", w.format))
+}
+
 /// The rows `r0..r0 + n` of `w`'s bytes, R at a time.
 #[inline(always)]
 fn rows_at<const R: usize>(data: &[u8], rb: usize, r: usize) -> [&[u8]; R] {
@@ -99,6 +113,16 @@ fn f32_product<C: Codec>(w: &QuantMatrix, x: &[f32], batch: usize, y: &mut [f32]
     }
 }
 
+fn q8_product<C: Codec>(w: &QuantMatrix, x: &[f32], y: &mut [f32], tier: Tier) {
+    let (data, rb, cols) = (w.bytes(), w.format.row_bytes(w.cols), w.cols);
+    for (xb, yb) in x.chunks(cols).zip(y.chunks_mut(w.rows)) {
+        let a = act::quantize(w.format, xb);
+        team::for_each_chunk_mut(yb, TASK_ROWS, |t, out| {
+            q8_task::<C>(tier, data, rb, t * TASK_ROWS, cols / C::VALUES, &a, out)
+        });
+    }
+}
+
 /// One GEMV task: rows r0.. (as many as `out` holds), ROWS at a time, then one by one.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -119,6 +143,28 @@ fn gemv_body<C: Codec, P: Prims>(
     }
     while i < out.len() {
         out[i] = gemv::rows_dot::<C, P, 1>(rows_at(data, rb, r0 + i), nblocks, x, xsum)[0];
+        i += 1;
+    }
+}
+
+/// One int8-activation task, as `gemv_body`.
+#[inline(always)]
+fn q8_body<C: Codec, P: Prims>(
+    data: &[u8],
+    rb: usize,
+    r0: usize,
+    nblocks: usize,
+    a: &CodecActivation,
+    out: &mut [f32],
+) {
+    let mut i = 0;
+    while i + ROWS <= out.len() {
+        let got = q8::rows_dot_q8::<C, P, ROWS>(rows_at(data, rb, r0 + i), nblocks, a);
+        out[i..i + ROWS].copy_from_slice(&got);
+        i += ROWS;
+    }
+    while i < out.len() {
+        out[i] = q8::rows_dot_q8::<C, P, 1>(rows_at(data, rb, r0 + i), nblocks, a)[0];
         i += 1;
     }
 }
@@ -162,6 +208,14 @@ tiered!(
     gemv_body::<C, Avx2>(data, rb, r0, nblocks, x, xsum, out),
     gemv_body::<C, Avx2>(data, rb, r0, nblocks, x, xsum, out),
     gemv_body::<C, Plain>(data, rb, r0, nblocks, x, xsum, out)
+);
+
+tiered!(
+    q8_task,
+    (data: &[u8], rb: usize, r0: usize, nblocks: usize, a: &CodecActivation, out: &mut [f32]),
+    q8_body::<C, Avx2>(data, rb, r0, nblocks, a, out),
+    q8_body::<C, Avx2>(data, rb, r0, nblocks, a, out),
+    q8_body::<C, Plain>(data, rb, r0, nblocks, a, out)
 );
 
 tiered!(
