@@ -133,6 +133,20 @@ fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
     }
 }
 
+/// `x` (a multiple of 32 long) quantised as `quantize_activation` does, codes in natural
+/// order (what the codec formats' products read, `codec_kernels::act`).
+pub fn quantize_natural(x: &[f32]) -> Q8Activation {
+    let chunks = x.len() / 32;
+    let mut act = Q8Activation {
+        q: vec![0; chunks * 32],
+        d: vec![0.0; chunks],
+        sum: vec![0.0; chunks],
+        qsum: vec![0; chunks],
+    };
+    quantize_body(x, false, &mut act);
+    act
+}
+
 /// What the kernel multiplies instead of x: d·q per value, in natural order.
 pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());

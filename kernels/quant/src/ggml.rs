@@ -5,6 +5,7 @@
 //! Decoders follow `dequantize_row_q*`. Test vectors written by `gguf.quants` and by
 //! `llama-quantize` are replayed in `tests/ggml_vectors.rs` and `tests/llama_vectors.rs`.
 
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
 use crate::unpack::{Codec, Unpacked};
 use half::f16;
@@ -17,6 +18,32 @@ fn f16_bits(x: f32) -> [u8; 2] {
 /// f16 little-endian bytes → f32.
 pub fn f16_at(b: &[u8]) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+/// f16 bits → f32, branch-free: ggml's `ggml_compute_fp16_to_fp32` (exact for every f16;
+/// NaNs stay NaN). The codecs' unpacking calls it inside every tier's kernels, where `half`'s
+/// conversion (a run-time feature check and a call) cost a spill of the vector registers per
+/// block.
+#[inline(always)]
+pub fn fp16_to_fp32(h: u16) -> f32 {
+    let w = (h as u32) << 16;
+    let sign = w & 0x8000_0000;
+    let two_w = w.wrapping_add(w);
+    let normalized =
+        f32::from_bits((two_w >> 4).wrapping_add(0xE0 << 23)) * f32::from_bits(0x0780_0000);
+    let denormalized = f32::from_bits((two_w >> 17) | (126 << 23)) - 0.5;
+    let bits = if two_w < 1 << 27 {
+        denormalized.to_bits()
+    } else {
+        normalized.to_bits()
+    };
+    f32::from_bits(sign | bits)
+}
+
+/// The f16 at `b[0..2]` (little-endian), by `fp16_to_fp32`.
+#[inline(always)]
+pub fn f16_le(b: &[u8]) -> f32 {
+    fp16_to_fp32(u16::from_le_bytes([b[0], b[1]]))
 }
 
 /// Largest |d| that f16 stores finitely; a larger scale is refused rather than stored as inf.
@@ -138,16 +165,25 @@ fn put_q5(codes: &[u8; 32], out: &mut [u8]) {
     }
 }
 
-/// The 32 5-bit codes of `qh` (4 bytes) + 16 nibble bytes, as `dequantize_row_q5_*`'s
-/// `xh_0 = ((qh >> j) << 4) & 0x10`, `xh_1 = (qh >> (j + 12)) & 0x10`, less `offset`.
+/// The 32 5-bit codes of `qh` (4 bytes) + 16 nibble bytes, less `offset`: code j is nibble
+/// j of the 16 bytes (low nibbles first) with bit j of the little-endian `qh` as its 5th bit
+/// (`dequantize_row_q5_*`'s `xh_0 = ((qh >> j) << 4) & 0x10`, `xh_1 = (qh >> (j + 12)) &
+/// 0x10`). Written bytewise — a bit test per code against a constant mask — so it vectorises
+/// on every tier (u64 arithmetic over the codes did not: LLVM rebuilt the bytes one by one).
 #[inline(always)]
 fn q5_codes(b: &[u8], offset: i8, q: &mut [i8]) {
-    let qh = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut high = [0u8; 32];
+    for (j, h) in high.iter_mut().enumerate() {
+        *h = if b[j / 8] & (1 << (j % 8)) != 0 {
+            0x10
+        } else {
+            0
+        };
+    }
+    let qs = &b[4..20];
     for j in 0..16 {
-        let xh0 = (((qh >> j) << 4) & 0x10) as u8;
-        let xh1 = ((qh >> (j + 12)) & 0x10) as u8;
-        q[j] = ((b[4 + j] & 0x0F) | xh0) as i8 - offset;
-        q[j + 16] = ((b[4 + j] >> 4) | xh1) as i8 - offset;
+        q[j] = ((qs[j] & 0x0F) | high[j]) as i8 - offset;
+        q[j + 16] = ((qs[j] >> 4) | high[j + 16]) as i8 - offset;
     }
 }
 
@@ -179,8 +215,8 @@ impl Codec for Q50 {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
-        u.d = f16_at(b);
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
+        u.d = f16_le(b);
         u.sc[..2].fill(1);
         q5_codes(&b[2..22], 16, &mut u.q[..32]);
     }
@@ -217,9 +253,9 @@ impl Codec for Q51 {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
         // value = d·q + m = a·q + b with sc = 1, dmin = −m, mn = 1.
-        (u.d, u.dmin) = (f16_at(b), -f16_at(&b[2..]));
+        (u.d, u.dmin) = (f16_le(b), -f16_le(&b[2..]));
         u.sc[..2].fill(1);
         u.mn[..2].fill(1);
         q5_codes(&b[4..24], 0, &mut u.q[..32]);
@@ -300,6 +336,17 @@ mod tests {
         let mut big = [0.0f32; 32];
         big[3] = 2.0e6;
         assert_eq!(Q50::encode(&big, &mut b), Err(2.0e6 / -16.0));
+    }
+
+    #[test]
+    fn branch_free_f16_equals_half_for_every_bit_pattern() {
+        for h in 0..=u16::MAX {
+            let (a, b) = (fp16_to_fp32(h), f16::from_bits(h).to_f32());
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{h:#06x}"
+            );
+        }
     }
 
     #[test]

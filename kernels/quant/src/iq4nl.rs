@@ -6,8 +6,9 @@
 //! weighted least squares, then every index re-chosen (`best_index_int8`) against the final
 //! scale. Decoding is `dequantize_row_iq4_nl`.
 
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
-use crate::ggml::{f16_at, put_f16};
+use crate::ggml::{f16_le, put_f16};
 use crate::kquants::{searchable, GROUP_MAX_EPS};
 use crate::unpack::{Codec, Unpacked};
 
@@ -106,14 +107,17 @@ impl Codec for Iq4Nl {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
-        u.d = f16_at(b);
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
+        u.d = f16_le(b);
         u.sc[..2].fill(1);
-        let qs = &b[2..18];
-        for j in 0..16 {
-            u.q[j] = KVALUES[(qs[j] & 0x0F) as usize];
-            u.q[j + 16] = KVALUES[(qs[j] >> 4) as usize];
+        let mut lo = [0u8; 16];
+        let mut hi = [0u8; 16];
+        for (j, &byte) in b[2..18].iter().enumerate() {
+            lo[j] = byte & 0x0F;
+            hi[j] = byte >> 4;
         }
+        u.q[..16].copy_from_slice(&P::lut(&KVALUES, &lo));
+        u.q[16..32].copy_from_slice(&P::lut(&KVALUES, &hi));
     }
 }
 
@@ -140,7 +144,7 @@ mod tests {
         let x: Vec<f32> = (0..32).map(|i| KVALUES[i % 16] as f32 * 0.5).collect();
         let mut b = [0u8; 18];
         Iq4Nl::encode(&x, &mut b).unwrap();
-        assert_eq!(f16_at(&b), 0.5);
+        assert_eq!(f16_le(&b), 0.5);
         let mut y = [0.0f32; 32];
         crate::unpack::decode::<Iq4Nl>(&b, &mut y);
         assert_eq!(&y[..], &x[..]);

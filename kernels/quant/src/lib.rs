@@ -17,6 +17,8 @@ pub mod act_q8;
 pub mod avx2;
 /// AVX-512 in-register decode + dot kernels.
 pub mod avx512;
+/// The codec formats' products (Q5_0, Q5_1, IQ4_NL, K-quants) at every tier, one source each.
+pub mod codec_kernels;
 /// Weight formats and byte layouts.
 pub mod format;
 /// ggml Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block codecs and bf16.
@@ -68,7 +70,7 @@ use kernel_common::{error::Result, KernelError, VariantSpec};
 pub const VARIANTS: &[VariantInfo] = &[
     VariantInfo::cpu(
         "fused",
-        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2)",
+        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2; for q5_0/q5_1/iq4_nl/K-quants Q8_0/Q8_1/Q8_K activations and pmaddwd)",
     ),
     VariantInfo::cpu(
         "packed",

@@ -14,8 +14,10 @@
 //!   integer dot products per chunk (`avx512::q8act` with VNNI, `avx2::q8act`, or
 //!   `portable::rows_dot_q8`).
 //!
-//! Formats the in-register kernels do not take (3/5/6/7-bit codes, 2-bit groups of 32, groups
-//! that are not a multiple of the 16-byte chunk) and the portable tier use `portable`.
+//! The codec formats (Q5_0, Q5_1, IQ4_NL and the K-quants) have their own kernels at every tier
+//! (`codec_kernels`), `Fused` and `FusedQ8` alike. Other formats the in-register kernels do not
+//! take (3/5/6/7-bit codes, 2-bit groups of 32, groups that are not a multiple of the 16-byte
+//! chunk, bf16) and the portable tier use `portable`.
 //! `MatVecVariant::Dequant` is the unfused baseline: all of W dequantised to f32 on every call,
 //! then the f32 product; `MatVecVariant::Faer` the library baseline: f32 weights, one faer GEMM
 //! call.
@@ -24,7 +26,7 @@ use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::QuantMatrix;
 use crate::plan::BlockPlan;
-use crate::{avx2, avx512, portable};
+use crate::{avx2, avx512, codec_kernels, portable};
 use kernel_common::{error::Result, Cost, KernelError};
 use kernel_cpu::gemm::{sgemm_parallel, Strides};
 use kernel_cpu::rows::{self as row_kernels, RowKernels};
@@ -93,10 +95,11 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
         )));
     }
     if matches!(variant, MatVecVariant::FusedQ8(_))
+        && !codec_kernels::supports(format)
         && !BlockPlan::for_format(format).is_some_and(|p| act_q8::supports(&p))
     {
         return Err(KernelError::Unsupported(format!(
-            "act=q8 takes 4- or 8-bit codes in groups of 32k (q4_0, q4_1, q8_0, sym/asym 4 and 8), not {format}"
+            "act=q8 takes the ggml blocks (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_k..q6_k, q8_k) and 4- or 8-bit codes in groups of 32k (sym/asym 4 and 8), not {format}"
         )));
     }
     Ok(())
@@ -115,6 +118,10 @@ pub fn activation_as_seen(
         MatVecVariant::Packed(_) if format == WeightFormat::Q4_K => x
             .chunks(cols)
             .flat_map(crate::packed_q4k::activation_as_seen)
+            .collect(),
+        MatVecVariant::FusedQ8(_) if codec_kernels::supports(format) => x
+            .chunks(cols)
+            .flat_map(|xb| codec_kernels::act::activation_as_seen(format, xb))
             .collect(),
         MatVecVariant::FusedQ8(_) | MatVecVariant::Packed(_) => x
             .chunks(cols)
@@ -190,6 +197,10 @@ pub fn matmul(
         MatVecVariant::Packed(_) => {
             crate::packed::matmul(&crate::packed::PackedMatrix::pack(w)?, x, batch, y, isa)
         }
+        MatVecVariant::FusedQ8(_) if codec_kernels::supports(w.format) => {
+            codec_kernels::matmul_q8(w, x, batch, y, isa);
+            Ok(())
+        }
         MatVecVariant::FusedQ8(_) => {
             let plan = BlockPlan::for_format(w.format).expect("supports() checked the format");
             for (xb, yb) in x.chunks(w.cols).zip(y.chunks_mut(w.rows)) {
@@ -203,6 +214,10 @@ pub fn matmul(
             let bytes: Vec<u8> = dense.iter().flat_map(|v| v.to_le_bytes()).collect();
             let f = QuantMatrix::from_bytes(WeightFormat::F32, w.rows, w.cols, bytes)?;
             matmul(&f, x, batch, y, MatVecVariant::Fused(Some(isa)))
+        }
+        MatVecVariant::Fused(_) if codec_kernels::supports(w.format) => {
+            codec_kernels::matmul_f32(w, x, batch, y, isa);
+            Ok(())
         }
         MatVecVariant::Fused(_) => {
             let kernel = Kernel::new(w, isa);
@@ -378,7 +393,7 @@ impl Kernel {
 
 /// Runs `task(r0, mr, out)` over row tasks in parallel, each filling a batch × mr block, and
 /// scatters the blocks into y (batch × rows).
-fn by_row_tasks(
+pub(crate) fn by_row_tasks(
     w: &QuantMatrix,
     batch: usize,
     y: &mut [f32],

@@ -9,6 +9,7 @@
 //! dmin = −m with mn = 1). The int8-activation products keep sc and mn integer, as llama.cpp's
 //! dot products do; the f32 ones use a and b.
 
+use crate::codec_kernels::prims::{Plain, Prims};
 use crate::format::WeightFormat;
 
 /// Values of the largest block (a K-quant super-block).
@@ -72,14 +73,14 @@ pub trait Codec {
 
     /// Reads the codes and factors of block `b` (`BYTES` bytes; any bytes are accepted).
     /// Written as fixed-length loops over the block's bytes, inlined into each ISA tier's
-    /// kernels.
-    fn unpack(b: &[u8], u: &mut Unpacked);
+    /// kernels; `P` gives the tier's table lookup (IQ4_NL).
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked);
 }
 
 /// Decodes one block of codec `C` into `out` (`C::VALUES` values), bit-exact with ggml.
 pub fn decode<C: Codec>(b: &[u8], out: &mut [f32]) {
     let mut u = Unpacked::default();
-    C::unpack(b, &mut u);
+    C::unpack::<Plain>(b, &mut u);
     for (v, o) in out[..C::VALUES].iter_mut().enumerate() {
         let w = u.a(v / 16) * u.q[v] as f32;
         *o = if C::HAS_B { w + u.b(v / 16) } else { w };
@@ -143,7 +144,7 @@ pub fn has_codec(format: WeightFormat) -> bool {
 pub fn unpack_block(format: WeightFormat, b: &[u8]) -> Option<Unpacked> {
     with_codec!(format, C => {
         let mut u = Unpacked::default();
-        C::unpack(b, &mut u);
+        C::unpack::<Plain>(b, &mut u);
         Some(u)
     }, _ => None)
 }

@@ -100,6 +100,7 @@ proptest! {
         name in prop::sample::select(vec![
             "f32", "f16", "q8_0", "q4_0", "q4_1", "sym4g32", "asym4g64", "sym4g128s32",
             "sym8g32", "asym8g16", "sym2g32", "sym2g64", "asym2g128", "asym3g64", "sym5g8", "asym6g7",
+            "bf16", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_k",
         ]),
         rows in 1usize..70, blocks in 1usize..6, batch in prop::sample::select(vec![1usize, 2, 3, 9]),
         outliers in any::<bool>(), seed in any::<u64>(),
@@ -160,9 +161,20 @@ fn large_shapes_take_every_path() {
         "sym3g32",
         "asym2g64",
         "sym8g16",
+        "bf16",
+        "q5_0",
+        "q5_1",
+        "iq4_nl",
+        "q2_k",
+        "q3_k",
+        "q4_k",
+        "q5_k",
+        "q6_k",
+        "q8_k",
     ] {
         let f = WeightFormat::parse(name).unwrap();
-        let (rows, cols) = (133, 640);
+        let cols = if f.block_values() == 256 { 768 } else { 640 };
+        let rows = 133;
         let w = WeightDist::Gaussian.sample(rows, cols, 9);
         let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
         check_products(&m, 1, 11);

@@ -1,6 +1,7 @@
 //! `harness check --family quant`: every product variant on random weight formats (every
-//! width 2..=8, symmetric and asymmetric, random group sizes and scale types, the ggml blocks,
-//! f32/f16), random shapes and batch sizes, Gaussian or outlier weights, then edge cases
+//! width 2..=8, symmetric and asymmetric, random group sizes and scale types, every ggml block
+//! — Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the K-quants Q2_K..Q8_K — f32/f16/bf16), random
+//! shapes and batch sizes, Gaussian or outlier weights, then edge cases
 //! (all-zero groups, one huge outlier among tiny values, one row, one block, batch 64);
 //! outputs NaN-poisoned, compared with the f64 product of the dequantised weights under the f32
 //! tolerance scaled to the output's magnitude. The fused kernels run at every ISA tier the run
@@ -56,13 +57,26 @@ fn random_format(r: &mut impl Rng) -> WeightFormat {
     };
     let bits = r.gen_range(2..=8u8);
     let group = [16, 32, 64, 128, r.gen_range(1..=96)][r.gen_range(0..5)];
-    match r.gen_range(0..8) {
+    const GGML: [WeightFormat; 13] = [
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::IQ4_NL,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::Q8_K,
+        WeightFormat::BF16,
+    ];
+    match r.gen_range(0..10) {
         0 => WeightFormat::F32,
         1 => WeightFormat::F16,
-        2 => WeightFormat::Q8_0,
-        3 => WeightFormat::Q4_0,
-        4 => WeightFormat::Q4_1,
-        5 | 6 => WeightFormat::Sym { bits, group, scale },
+        2..=5 => GGML[r.gen_range(0..GGML.len())],
+        6 | 7 => WeightFormat::Sym { bits, group, scale },
         _ => WeightFormat::Asym { bits, group, scale },
     }
 }
@@ -110,6 +124,19 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
         edge(f("q4_0"), 1, 32, 64, false),
         edge(f("sym7g5"), 3, 5, 1, false),
     ]);
+    // Every codec format at a GEMV, an odd tile and a full 64-activation tile, with the zero
+    // group + outlier rows.
+    for (i, format) in [
+        "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_k",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cols = f(format).block_values().max(32) * 3;
+        out.push(edge(f(format), 37 + i, cols, 1, true));
+        out.push(edge(f(format), 70, 2 * cols, 7, i % 2 == 0));
+        out.push(edge(f(format), 5, cols, 64, false));
+    }
     // The CUDA GEMV's formats at its batch sizes (the CPU variants run them too).
     for (i, format) in ["f16", "sym4g32", "q4_0", "q8_0"].into_iter().enumerate() {
         out.push(edge(f(format), 257, 4096, [1, 3, 8, 2][i], i % 2 == 0));

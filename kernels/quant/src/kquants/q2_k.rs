@@ -6,8 +6,9 @@
 //! values 128·h + i + 32·k in bits 2k), f16 d, f16 dmin = 84 bytes.
 
 use super::{make_qkx2_quants, nearest_int, searchable, Qkx2};
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
-use crate::ggml::{f16_at, put_f16};
+use crate::ggml::{f16_at, f16_le, put_f16};
 use crate::unpack::{Codec, Unpacked};
 
 /// The Q2_K codec.
@@ -92,8 +93,8 @@ impl Codec for Q2K {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
-        (u.d, u.dmin) = (f16_at(&b[80..]), f16_at(&b[82..]));
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
+        (u.d, u.dmin) = (f16_le(&b[80..]), f16_le(&b[82..]));
         for (j, &s) in b[..16].iter().enumerate() {
             u.sc[j] = (s & 0xF) as i16;
             u.mn[j] = (s >> 4) as i16;

@@ -7,8 +7,9 @@
 //! 8..12: scale j's in bits 2·(j / 4) of byte 8 + j % 4), f16 d = 110 bytes.
 
 use super::{make_q3_quants, nearest_int, searchable};
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
-use crate::ggml::{f16_at, put_f16};
+use crate::ggml::{f16_at, f16_le, put_f16};
 use crate::unpack::{Codec, Unpacked};
 
 /// The Q3_K codec.
@@ -85,8 +86,8 @@ impl Codec for Q3K {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
-        u.d = f16_at(&b[108..]);
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
+        u.d = f16_le(&b[108..]);
         let sc = &b[96..108];
         for j in 0..16 {
             u.sc[j] = (scale6(sc, j) - 32) as i16;

@@ -8,8 +8,9 @@
 //! holds value 64·h + i low, 64·h + 32 + i high) = 144 / 176 bytes.
 
 use super::{get_scale_min_k4, make_qkx2_quants, nearest_int, put_scale_min_k4, searchable, Qkx2};
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
-use crate::ggml::{f16_at, put_f16};
+use crate::ggml::{f16_at, f16_le, put_f16};
 use crate::unpack::{Codec, Unpacked};
 
 /// Fits the 8 sub-blocks and stores d, dmin and the 12 scale bytes in `out[..16]`; returns
@@ -66,7 +67,7 @@ fn encode_scales(fit: &Qkx2, x: &[f32], out: &mut [u8]) -> Result<[u8; 256], f32
 /// `dequantize_row_q4_K` reads them.
 #[inline(always)]
 fn unpack_scales(b: &[u8], u: &mut Unpacked) {
-    (u.d, u.dmin) = (f16_at(b), f16_at(&b[2..]));
+    (u.d, u.dmin) = (f16_le(b), f16_le(&b[2..]));
     for j in 0..8 {
         let (sc, m) = get_scale_min_k4(j, &b[4..16]);
         u.sc[2 * j..2 * j + 2].fill(sc as i16);
@@ -99,7 +100,7 @@ impl Codec for Q4K {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
         unpack_scales(b, u);
         let qs = &b[16..144];
         for h in 0..4 {
@@ -148,7 +149,7 @@ impl Codec for Q5K {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
         unpack_scales(b, u);
         let (qh, ql) = (&b[16..48], &b[48..176]);
         for h in 0..4 {

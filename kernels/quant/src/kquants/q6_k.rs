@@ -7,8 +7,9 @@
 //! 128·h + 32·k + i in bits 2k), 16 × i8 scales, f16 d = 210 bytes.
 
 use super::{make_qx_quants, nearest_int, searchable, GROUP_MAX_EPS};
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
-use crate::ggml::{f16_at, put_f16};
+use crate::ggml::{f16_at, f16_le, put_f16};
 use crate::unpack::{Codec, Unpacked};
 
 /// The Q6_K codec.
@@ -72,8 +73,8 @@ impl Codec for Q6K {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
-        u.d = f16_at(&b[208..]);
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
+        u.d = f16_le(&b[208..]);
         for j in 0..16 {
             u.sc[j] = b[192 + j] as i8 as i16;
         }

@@ -5,6 +5,7 @@
 //! codes and zero sums (ggml leaves its sums unwritten there).
 
 use super::nearest_int;
+use crate::codec_kernels::prims::Prims;
 use crate::format::WeightFormat;
 use crate::unpack::{Codec, Unpacked};
 
@@ -48,7 +49,7 @@ impl Codec for Q8K {
     }
 
     #[inline(always)]
-    fn unpack(b: &[u8], u: &mut Unpacked) {
+    fn unpack<P: Prims>(b: &[u8], u: &mut Unpacked) {
         u.d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         u.sc.fill(1);
         for (q, &c) in u.q.iter_mut().zip(&b[4..260]) {
