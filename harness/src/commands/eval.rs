@@ -172,6 +172,7 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
     };
     let loaded = load(&path, &opts)?;
     let model = loaded.model;
+    let bos = loaded.tokenizer.as_ref().and_then(|t| t.bos_to_add());
     let tokens = match &a.tokens {
         Some(p) => read_tokens(p, model.cfg.vocab)?,
         None => {
@@ -200,6 +201,12 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
     }
     let stride = a.stride.unwrap_or(ctx);
     let wins = windows(tokens.len(), ctx, stride, a.chunks).map_err(HarnessError::Usage)?;
+    // llama-perplexity's chunks start with BOS where the file asks for one (Gemma's).
+    let tokens = if stride == ctx {
+        models::eval::perplexity::with_bos_per_chunk(&tokens, &wins, bos)
+    } else {
+        tokens
+    };
     let meta = RefMeta {
         model: model_id(&path)?,
         text_sha256: text.sha256.clone(),

@@ -180,7 +180,7 @@ pub fn prompt_ids(
     vocab: usize,
 ) -> Result<Vec<u32>> {
     let ids = match (&args.prompt, &args.prompt_ids, tok) {
-        (Some(p), None, Some(tok)) => tok.encode(p)?,
+        (Some(p), None, Some(tok)) => tok.prompt_ids(p)?,
         (Some(_), None, None) => {
             return Err(HarnessError::Usage(format!(
                 "--model {} has no tokenizer{}: give --prompt-ids",

@@ -3,8 +3,9 @@
 //! - `stride == ctx` (the default): llama.cpp's `llama-perplexity` — the stream is cut into
 //!   chunks of `ctx` tokens, each evaluated from an empty cache, and only the second half of
 //!   each chunk is scored (logit rows `ctx/2 .. ctx-1`, each predicting the next token with at
-//!   least `ctx/2` tokens of context); no BOS is inserted (SmolLM's files say
-//!   add_bos_token = false; llama.cpp inserts one only when the file asks);
+//!   least `ctx/2` tokens of context); where the file asks for BOS (`add_bos_token`, Gemma's
+//!   files) each chunk's first token is replaced by it, as llama-perplexity does
+//!   (`with_bos_per_chunk`), none otherwise (SmolLM's and Qwen2's files);
 //! - `stride < ctx`: transformers' sliding window (the "perplexity of fixed-length models"
 //!   recipe) — windows of `ctx` tokens start every `stride` tokens; the first scores every
 //!   row, each later one its last `stride` rows, so every token after the first is scored once.
@@ -25,6 +26,21 @@ pub struct Window {
     pub start: usize,
     pub len: usize,
     pub first: usize,
+}
+
+/// `tokens` with each window's first token replaced by `bos`, llama-perplexity's convention
+/// for a model that expects BOS (`tokens[batch_start] = bos` per chunk): the replaced tokens
+/// are never scored, since a chunk scores only its second half. Only for the llama.cpp
+/// convention (windows that do not overlap); `None` leaves the stream as it is.
+pub fn with_bos_per_chunk(tokens: &[u32], windows: &[Window], bos: Option<u32>) -> Vec<u32> {
+    let mut out = tokens.to_vec();
+    if let Some(b) = bos {
+        for w in windows {
+            debug_assert!(w.first >= 1, "the chunk's first token is not scored");
+            out[w.start] = b;
+        }
+    }
+    out
 }
 
 impl Window {

@@ -174,7 +174,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let target = &loaded.model;
     let encoded = prompts
         .iter()
-        .map(|p| Ok((p, tok.encode(prompt_text(p)?)?)))
+        .map(|p| Ok((p, tok.prompt_ids(prompt_text(p)?)?)))
         .collect::<Result<Vec<_>>>()?;
     let max_nodes = trees.iter().map(|t| t.max_nodes()).max().unwrap_or(1);
     let longest = encoded.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);

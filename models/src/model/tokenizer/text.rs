@@ -207,10 +207,15 @@ impl TextTokenizer {
         Ok(ids)
     }
 
+    /// The BOS token where the model expects one before its text (`add_bos`), else `None`.
+    pub fn bos_to_add(&self) -> Option<u32> {
+        self.bos.filter(|_| self.add_bos)
+    }
+
     /// `encode(text)` after BOS where the model expects one (`add_bos`): the prompt as
     /// llama.cpp feeds it (`llama_tokenize(.., add_special = true, parse_special = true)`).
     pub fn prompt_ids(&self, text: &str) -> std::result::Result<Vec<u32>, KernelError> {
-        let mut ids: Vec<u32> = self.bos.filter(|_| self.add_bos).into_iter().collect();
+        let mut ids: Vec<u32> = self.bos_to_add().into_iter().collect();
         ids.extend(self.encode(text)?);
         Ok(ids)
     }
