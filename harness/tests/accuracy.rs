@@ -47,7 +47,7 @@ fn refused(results: &Path, sets: &[&str], want: &str) {
 fn bad_input_is_one_line_and_exit_2() {
     let dir = TempDir::new("accuracy", "bad");
     let r = dir.join("results");
-    refused(&r, &["format=q5_0"], "q5_0");
+    refused(&r, &["format=q9_0"], "q9_0");
     refused(&r, &["sens_format=sym9g32"], "sym9g32");
     refused(&r, &["study=everything"], "study 'everything'");
     refused(&r, &["model=tiny-gqa"], "no tokenizer");

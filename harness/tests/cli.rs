@@ -303,7 +303,7 @@ fn a_variant_pinned_above_the_isa_cap_is_one_line() {
 #[test]
 fn bad_quant_grids_are_one_line() {
     let s = Setup::new("bad_quant");
-    s.expect_usage_error(&["exp", "tinyq", "--set", "format=q5_0"], "q5_0");
+    s.expect_usage_error(&["exp", "tinyq", "--set", "format=q9_0"], "q9_0");
     s.expect_usage_error(&["exp", "tinyq", "--set", "format=sym9g32"], "bits");
     s.expect_usage_error(&["exp", "tinyq", "--set", "shape=40x100"], "multiple");
     s.expect_usage_error(&["exp", "tinyq", "--set", "shape=40"], "ROWSxCOLS");

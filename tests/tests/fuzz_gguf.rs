@@ -173,10 +173,15 @@ fn small_llama() -> (Vec<u8>, usize) {
 fn generate_once(path: &Path, bytes: &[u8]) -> models::model::llama::Result<()> {
     let g = Gguf::parse(path, bytes.to_vec())?;
     let loaded = load_gguf(&g, &LoadOptions::default())?;
-    let tok = loaded
-        .tokenizer
-        .as_ref()
-        .expect("a GGUF file has a tokenizer");
+    let Some(tok) = loaded.tokenizer.as_ref() else {
+        // A mutation left a tokenizer this workbench does not build: the load says why and
+        // `harness generate` asks for --prompt-ids.
+        assert!(
+            loaded.tokenizer_note.is_some(),
+            "a missing tokenizer is explained"
+        );
+        return Ok(());
+    };
     let ids = tok.encode("the 12 in her")?;
     let vocab = loaded.model.cfg.vocab;
     if ids.is_empty() || ids.iter().any(|&t| t as usize >= vocab) {
@@ -386,5 +391,5 @@ fn tensor_offsets_and_sizes_near_two_to_the_64_are_refused() {
         .matrix("token_embd.weight")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("ggml type 77"), "{e}");
+    assert!(e.contains("unknown to ggml (77)"), "{e}");
 }

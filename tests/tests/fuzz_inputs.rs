@@ -309,7 +309,8 @@ fn prompt_ids_parse_and_run_or_name_the_problem() {
             let parsed =
                 Generate::try_parse_from(["generate", "--model", "tiny-gqa", "--prompt-ids", ids])
                     .map_err(|e| harness::error::clap_line(&e))?;
-            let ids = prompt_ids(&parsed.args, None, None, model.cfg.vocab).map_err(|e| e.one_line())?;
+            let ids =
+                prompt_ids(&parsed.args, None, None, model.cfg.vocab).map_err(|e| e.one_line())?;
             if ids.len() < model.cfg.context {
                 let logits = Session::new(&model, ids.len(), 16)
                     .and_then(|mut s| s.forward(&ids))

@@ -29,8 +29,9 @@ pub struct PerplexityArgs {
     /// Chinese), or a path to a UTF-8 file.
     #[arg(long)]
     pub text: String,
-    /// Convert every weight matrix to this format (f32, f16, q8_0, q4_0, sym4g32, ...);
-    /// default: keep the checkpoint's.
+    /// Convert every weight matrix to this format (f32, f16, q8_0, q4_0, q5_0, q4_k, q6_k,
+    /// sym4g32, ...; a K-quant on rows that are not a multiple of 256 falls back as
+    /// llama-quantize's does); default: keep the checkpoint's.
     #[arg(long)]
     pub weights: Option<String>,
     /// The product of every projection: packed (default; llama.cpp's int8-activation

@@ -69,15 +69,17 @@ pub struct GenerateArgs {
     /// stored, the prompt's too.
     #[arg(long, default_value = "f32")]
     pub kv_cache: String,
-    /// Convert every weight matrix to this format: f32, f16, q8_0, q4_0, q4_1, sym4g32, ...
-    /// (default: keep the checkpoint's).
+    /// Convert every weight matrix to this format: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
+    /// q5_1, iq4_nl, q2_k..q6_k, sym4g32, ... (default: keep the checkpoint's). A K-quant on
+    /// rows that are not a multiple of 256 falls back as llama-quantize's does (q4_k → q5_0,
+    /// q5_k → q5_1, q6_k → q8_0, q2_k/q3_k → iq4_nl); the loaded bytes per type are printed.
     #[arg(long)]
     pub weights: Option<String>,
     /// The product of every projection. packed (default): int8 activations on 16-row
-    /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q8_0);
+    /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q8_0, q4_k);
     /// fused:act=q8: the same arithmetic on row-major weights; fused: f32 activations, the
-    /// arithmetic of transformers' float32 reference (its greedy text). Formats a product
-    /// does not take use fused. Add isa=avx2 etc. to pin a tier (see --isa).
+    /// arithmetic of transformers' float32 reference (its greedy text). A format packed does
+    /// not tile (q5_0, q6_k, … in a file's mix) gets fused:act=q8; others fused. Add isa=avx2 etc. to pin a tier (see --isa).
     #[arg(long, default_value = "packed")]
     pub matmul: String,
     /// MoE capacity: dropless (default) or a factor such as 1.25.

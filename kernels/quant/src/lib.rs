@@ -13,12 +13,16 @@ pub mod cuda;
 
 /// The int8 activation of llama.cpp's path (quantise, permute, per-chunk sums).
 pub mod act_q8;
+/// The Q8_K activation of the Q4_K packed product.
+pub mod act_q8k;
 /// AVX2 (x86-64-v3) in-register decode + dot kernels.
 pub mod avx2;
 /// AVX-512 in-register decode + dot kernels.
 pub mod avx512;
 /// The codec formats' products (Q5_0, Q5_1, IQ4_NL, K-quants) at every tier, one source each.
 pub mod codec_kernels;
+/// The table of the formats with a `Codec` (`with_codec!`).
+pub mod codecs;
 /// Weight formats and byte layouts.
 pub mod format;
 /// ggml Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 block codecs and bf16.
@@ -37,6 +41,8 @@ pub mod matrix;
 pub mod matvec;
 /// 16-row interleaved tiles for the int8-activation product (the `packed` variant).
 pub mod packed;
+/// The byte layout of the packed tiles.
+pub mod packed_layout;
 /// The Q4_K packed product: Q8_K activations, the dispatch and the portable body.
 pub mod packed_q4k;
 /// What the in-register kernels know of a format; header readers; per-format dispatch.

@@ -3,8 +3,9 @@
 //! scales f16 cannot hold; `from_bytes` adopts packed bytes (a GGUF tensor, a case file) after
 //! checking their length; decoding is per block with exactly the format's arithmetic.
 
+use crate::codecs::with_codec;
 use crate::format::WeightFormat;
-use crate::unpack::{self, with_codec, Codec};
+use crate::unpack::{self, Codec};
 use crate::{ggml, group};
 use half::f16;
 use kernel_common::{error::Result, KernelError};

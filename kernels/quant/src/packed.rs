@@ -39,24 +39,14 @@
 use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::{decode_block, QuantMatrix};
+pub use crate::packed_layout::{
+    block_values, code_bytes, scale_bytes, tile_block_bytes, BLOCK, SUPER, TILE,
+};
+pub(crate) use crate::packed_layout::{Q4K_MN, Q4K_SC};
 use crate::plan::BlockPlan;
 use kernel_common::{error::Result, KernelError};
 use kernel_cpu::{team, Isa};
 
-/// Rows per tile.
-pub const TILE: usize = 16;
-/// Values per block of the 32-value formats (and per sub-block of Q4_K).
-pub const BLOCK: usize = 32;
-/// Values per Q4_K super-block.
-pub const SUPER: usize = 256;
-
-/// Values per tile-block of `format` (a block, or Q4_K's super-block).
-pub const fn block_values(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::Q4_K => SUPER,
-        _ => BLOCK,
-    }
-}
 /// Tiles per thread task.
 const TASK_TILES: usize = 2;
 /// Activations per pass over a tile (batch ≥ 2).
@@ -78,34 +68,6 @@ pub struct PackedMatrix {
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
-
-/// Code bytes of one tile-block.
-pub const fn code_bytes(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::Q8_0 => 512,
-        WeightFormat::Q4_K => 8 * 256,
-        _ => 256,
-    }
-}
-
-/// Scale bytes of one tile-block (16 f16 d, and for Q4_1 16 f16 m; Q4_K: d, dmin, then the
-/// 8 × 16 scales and 8 × 16 minimums as bytes).
-pub const fn scale_bytes(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::Q4_1 => 64,
-        WeightFormat::Q4_K => 64 + 2 * 8 * TILE,
-        _ => 32,
-    }
-}
-
-/// Where Q4_K's scales and minimums start in a tile-block's scale bytes.
-pub(crate) const Q4K_SC: usize = 64;
-pub(crate) const Q4K_MN: usize = 64 + 8 * TILE;
-
-/// Bytes of one tile-block (codes and scales).
-pub const fn tile_block_bytes(format: WeightFormat) -> usize {
-    code_bytes(format) + scale_bytes(format)
-}
 
 /// Whether `format` has a packed layout (the ggml formats GGUF checkpoints use).
 pub fn packable(format: WeightFormat) -> bool {
@@ -366,7 +328,7 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
         )));
     }
     let acts = if w.format == WeightFormat::Q4_K {
-        Acts::Q8K(in_parallel(x, w.cols, crate::packed_q4k::quantize))
+        Acts::Q8K(in_parallel(x, w.cols, crate::act_q8k::quantize))
     } else {
         Acts::Q8(quantize_rows(x, w.cols, isa))
     };
@@ -382,9 +344,14 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
                 let n = end - b0;
                 match &acts {
                     Acts::Q8(a) => tile_dot(w, t, &a[b0..end], &mut tile_out, isa),
-                    Acts::Q8K(a) => {
-                        crate::packed_q4k::tile_dot(w, t, &a[b0..end], &mut tile_out, isa)
-                    }
+                    Acts::Q8K(a) => crate::packed_q4k::tile_dot(
+                        w.codes(t, 0),
+                        w.scales(t, 0),
+                        w.blocks(),
+                        &a[b0..end],
+                        &mut tile_out,
+                        isa,
+                    ),
                 }
                 for (b, vals) in tile_out.iter().enumerate().take(n) {
                     let at = (b0 + b) * w.rows + t * TILE;
@@ -400,7 +367,7 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
 /// The quantised activations of one call: Q8_0-style per 32 values, or Q8_K for Q4_K tiles.
 enum Acts {
     Q8(Vec<Q8Activation>),
-    Q8K(Vec<crate::packed_q4k::Q8KActivation>),
+    Q8K(Vec<crate::act_q8k::Q8KActivation>),
 }
 
 /// `quantize` of every `cols`-wide row of `x`, rows split over the team for a prompt-sized

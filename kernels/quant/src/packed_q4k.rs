@@ -7,66 +7,33 @@
 //! that the machines here cannot run); this file holds the activation, the dispatch and the
 //! plain-loop body of the portable tier.
 
-use crate::kquants::q8_k;
-use crate::packed::{PackedMatrix, Q4K_MN, Q4K_SC, SUPER, TILE};
+pub use crate::act_q8k::{activation_as_seen, quantize, Q8KActivation};
+use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC, SUPER, TILE};
+use crate::WeightFormat;
 use kernel_cpu::Isa;
 
-/// An activation row quantised to Q8_K: per super-block of 256 an f32 scale, 256 codes and the
-/// sum of each 32 codes (i16: |Σ| ≤ 32 · 127).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Q8KActivation {
-    pub q: Vec<i8>,
-    pub d: Vec<f32>,
-    pub bsum: Vec<i16>,
-}
-
-/// `x` (a multiple of 256 long) quantised as `quantize_row_q8_K_ref`; a super-block holding a
-/// NaN or ±Inf gets a NaN scale, so every output it feeds is NaN (ggml's max skips a NaN and
-/// would quantise the rest as if it were absent).
-pub fn quantize(x: &[f32]) -> Q8KActivation {
-    let n = x.len() / SUPER;
-    let mut act = Q8KActivation {
-        q: Vec::with_capacity(n * SUPER),
-        d: Vec::with_capacity(n),
-        bsum: Vec::with_capacity(n * 8),
-    };
-    for block in x.chunks_exact(SUPER) {
-        let (d, q, sums) = q8_k::quantize(block);
-        let finite = block.iter().all(|v| v.is_finite());
-        act.d.push(if finite { d } else { f32::NAN });
-        act.q.extend_from_slice(&q);
-        act.bsum
-            .extend((0..8).map(|j| sums[2 * j].wrapping_add(sums[2 * j + 1])));
-    }
-    act
-}
-
-/// What the Q4_K packed product multiplies instead of x: d·q per value.
-pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
-    let act = quantize(x);
-    act.q
-        .iter()
-        .enumerate()
-        .map(|(i, &c)| c as f32 * act.d[i / SUPER])
-        .collect()
-}
-
-/// out[b][r] = row 16t + r · activation b, for up to 4 activations, at tier `isa` (allowed on
-/// the caller's thread).
+/// out[b][r] = row r of one tile · activation b, for up to 4 activations, at tier `isa`
+/// (allowed on the caller's thread); `codes` and `scales` start at the tile's first
+/// tile-block and hold its `nb` tile-blocks (`PackedMatrix::codes(t, 0)` / `scales(t, 0)`).
 pub(crate) fn tile_dot(
-    w: &PackedMatrix,
-    t: usize,
+    codes: &[u8],
+    scales: &[u8],
+    nb: usize,
     acts: &[Q8KActivation],
     out: &mut [[f32; TILE]; 4],
     isa: Isa,
 ) {
-    let nb = w.blocks();
+    let (cb, sb) = (
+        code_bytes(WeightFormat::Q4_K),
+        scale_bytes(WeightFormat::Q4_K),
+    );
+    assert!(codes.len() >= nb * cb && scales.len() >= nb * sb);
     for a in acts {
         assert!(a.q.len() >= nb * SUPER && a.d.len() >= nb && a.bsum.len() >= nb * 8);
     }
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
-        let (codes, scales) = (w.codes(t, 0).as_ptr(), w.scales(t, 0).as_ptr());
+        let (codes, scales) = (codes.as_ptr(), scales.as_ptr());
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
         // F16C; the tile holds `nb` tile-blocks and every activation covers them (asserted).
         unsafe {
@@ -89,15 +56,19 @@ pub(crate) fn tile_dot(
     }
     let _ = isa;
     for (b, act) in acts.iter().enumerate() {
-        out[b] = tile_dot_portable(w, t, act);
+        out[b] = tile_dot_portable(codes, scales, nb, act);
     }
 }
 
-/// The 16 rows of tile t against one activation, in plain loops.
-fn tile_dot_portable(w: &PackedMatrix, t: usize, act: &Q8KActivation) -> [f32; TILE] {
+/// The 16 rows of one tile against one activation, in plain loops.
+fn tile_dot_portable(codes: &[u8], scales: &[u8], nb: usize, act: &Q8KActivation) -> [f32; TILE] {
+    let (cb, sb) = (
+        code_bytes(WeightFormat::Q4_K),
+        scale_bytes(WeightFormat::Q4_K),
+    );
     let mut acc = [0.0f32; TILE];
-    for k in 0..w.blocks() {
-        let (codes, sc) = (w.codes(t, k), w.scales(t, k));
+    for k in 0..nb {
+        let (codes, sc) = (&codes[k * cb..], &scales[k * sb..]);
         let q = &act.q[k * SUPER..(k + 1) * SUPER];
         let dx = act.d[k];
         for (r, a) in acc.iter_mut().enumerate() {

@@ -8,9 +8,9 @@
 
 use kernel_common::inputs::{normal_f32, rng};
 use proptest::prelude::*;
+use quant_kernels::codecs::unpack_block;
 use quant_kernels::matrix::decode_block;
 use quant_kernels::reference_blocks::stored_value;
-use quant_kernels::unpack::unpack_block;
 use quant_kernels::{QuantMatrix, WeightFormat};
 
 /// (format, max |error| / max |x| per 256 values, rms error / rms x per 256 values of

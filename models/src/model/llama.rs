@@ -395,13 +395,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// The product every projection uses unless the model is given another.
 pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::FUSED;
 
-/// The product a weight of `format` gets when the model's is `variant`.
+/// The product a weight of `format` gets when the model's is `variant`: `variant` itself; for
+/// `packed` on a format it does not tile (Q5_0, Q6_K, … in a real file's mix) the same int8
+/// arithmetic on row-major weights (`fused:act=q8`, llama.cpp's `vec_dot` for that type) at
+/// the same tier; else `DEFAULT_MATMUL`.
 pub(super) fn product_for(variant: MatVecVariant, format: WeightFormat) -> MatVecVariant {
     if quant_kernels::supports(variant, format).is_ok() {
-        variant
-    } else {
-        DEFAULT_MATMUL
+        return variant;
     }
+    if let MatVecVariant::Packed(isa) = variant {
+        let q8 = MatVecVariant::FusedQ8(isa);
+        if quant_kernels::supports(q8, format).is_ok() {
+            return q8;
+        }
+    }
+    DEFAULT_MATMUL
 }
 
 /// `w` laid out for the product its format gets under `variant`.

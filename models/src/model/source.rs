@@ -39,6 +39,23 @@ impl TensorSource for Gguf {
     }
 }
 
+/// The format `--weights f` gives a matrix whose rows are `cols` long: `f` itself, or where
+/// a K-quant's super-block of 256 does not divide the row, llama-quantize's fallback
+/// (`llama_tensor_get_type`: Q2_K/Q3_K → IQ4_NL, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0), as
+/// for SmolLM2's rows of 576.
+pub fn row_fallback(f: WeightFormat, cols: usize) -> WeightFormat {
+    if !f.is_k_quant() || cols.is_multiple_of(256) {
+        return f;
+    }
+    match f {
+        WeightFormat::Q2_K | WeightFormat::Q3_K => WeightFormat::IQ4_NL,
+        WeightFormat::Q4_K => WeightFormat::Q5_0,
+        WeightFormat::Q5_K => WeightFormat::Q5_1,
+        WeightFormat::Q6_K | WeightFormat::Q8_K => WeightFormat::Q8_0,
+        other => other,
+    }
+}
+
 /// What the loader is asked for besides the weights.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -228,7 +245,7 @@ impl Builder<'_> {
             Some(o) => return to(m, o.format),
             None => m,
         };
-        match self.weights {
+        match self.weights.map(|f| row_fallback(f, cols)) {
             Some(f) if f != m.format => to(m, f),
             _ => Ok(m),
         }

@@ -1,5 +1,5 @@
-//! The Q4_K packed-tile kernel on AVX2 (layout in `crate::packed`, arithmetic in
-//! `crate::packed_q4k`): one 8-row half of a tile at a time, a row per 32-bit lane. Per
+//! The Q4_K packed-tile kernel on AVX2 (layout in `crate::packed_layout`, arithmetic
+//! in `crate::packed_q4k`): one 8-row half of a tile at a time, a row per 32-bit lane. Per
 //! sub-block of 32, the half's 4 code vectors are unpacked into 8 nibble vectors 4 at a time,
 //! each serving every activation of the pass: `vpmaddubsw` with the broadcast four activation
 //! bytes of its k-step, summed in i16 over the sub-block's 8 k-steps (≤ 16 · 15 · 127 = 30480,
@@ -9,9 +9,9 @@
 //! super-block: acc += d·d_x·Σ − dmin·d_x·Σmin.
 
 #[cfg(target_arch = "x86_64")]
-use crate::packed::{Q4K_MN, Q4K_SC};
+use crate::act_q8k::Q8KActivation;
 #[cfg(target_arch = "x86_64")]
-use crate::packed_q4k::Q8KActivation;
+use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -31,8 +31,8 @@ pub unsafe fn tile_dot<const B: usize>(
     acts: [&Q8KActivation; B],
 ) -> [[f32; 16]; B] {
     let (cb, sb) = (
-        crate::packed::code_bytes(crate::WeightFormat::Q4_K),
-        crate::packed::scale_bytes(crate::WeightFormat::Q4_K),
+        code_bytes(crate::WeightFormat::Q4_K),
+        scale_bytes(crate::WeightFormat::Q4_K),
     );
     let mask = _mm256_set1_epi8(0x0F);
     let mut out = [[0.0f32; 16]; B];

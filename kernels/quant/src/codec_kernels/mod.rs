@@ -26,8 +26,9 @@ pub mod q8;
 /// Batch ≥ 2, f32 activations: decoded tiles × register-blocked micro-kernel.
 pub mod tile;
 
+use crate::codecs::{self, with_codec};
 use crate::matrix::QuantMatrix;
-use crate::unpack::{self, with_codec, Codec};
+use crate::unpack::Codec;
 use act::CodecActivation;
 use kernel_cpu::{team, Isa};
 #[cfg(target_arch = "x86_64")]
@@ -61,7 +62,7 @@ impl Tier {
 
 /// Whether these kernels take `format`.
 pub fn supports(format: crate::WeightFormat) -> bool {
-    unpack::has_codec(format)
+    codecs::has_codec(format)
 }
 
 /// Y = X·Wᵀ with f32 activations: the GEMV at batch 1, decoded tiles above, at `isa`'s tier.
