@@ -1,7 +1,8 @@
 //! `harness compare` and `harness paper` through the binary: a run against itself and
 //! against a slowed copy, refusals of runs that cannot be compared; the paper regenerated
-//! twice (identical), from a copied run whose planted change flips the verdict it should, and
-//! `--check` against a stale paper/.
+//! twice (identical); planted changes in a copy of results/ that change exactly the verdicts
+//! they should (and no other claim's); a dirty or unfinished run, and a missing one, marked
+//! or untested with the reason; `--check` against a stale paper/.
 
 mod common;
 use common::TempDir;
@@ -208,8 +209,127 @@ fn the_paper_is_the_same_twice_and_check_finds_a_stale_file() {
     assert!(stderr(&o).contains("findings.md"), "{}", stderr(&o));
 }
 
+/// Every claim's summary row of claims.md, by id.
+fn claim_rows(out: &Path) -> std::collections::BTreeMap<String, String> {
+    fs::read_to_string(out.join("claims.md"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let id = l.strip_prefix("| [")?.split(']').next()?;
+            Some((id.to_string(), l.to_string()))
+        })
+        .collect()
+}
+
+/// Copies every file of results/ into `to`, keeping the layout.
+fn copy_results(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_results(&p, &to.join(e.file_name()));
+        } else {
+            fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Sets `column` to `value` in the one row of the CSV whose columns match `at`.
+fn plant(csv: &Path, at: &[(&str, &str)], column: &str, value: &str) {
+    let text = fs::read_to_string(csv).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let header: Vec<String> = lines[0].split(',').map(String::from).collect();
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let hits: Vec<usize> = (1..lines.len())
+        .filter(|&i| {
+            let cells: Vec<&str> = lines[i].split(',').collect();
+            at.iter().all(|(k, v)| cells[col(k)] == *v)
+        })
+        .collect();
+    assert_eq!(hits.len(), 1, "{at:?} in {}", csv.display());
+    let mut cells: Vec<String> = lines[hits[0]].split(',').map(String::from).collect();
+    assert_ne!(
+        cells[col(column)],
+        value,
+        "the planted value is the old one"
+    );
+    cells[col(column)] = value.to_string();
+    lines[hits[0]] = cells.join(",");
+    fs::write(csv, lines.join("\n") + "\n").unwrap();
+}
+
+/// The claims whose summary rows differ.
+fn changed(
+    a: &std::collections::BTreeMap<String, String>,
+    b: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    a.iter()
+        .filter(|(id, row)| b.get(*id) != Some(row))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
 #[test]
-fn a_planted_change_in_a_cited_csv_flips_its_verdict() {
+fn a_planted_change_in_a_cited_csv_changes_exactly_the_verdicts_it_should() {
+    let dir = TempDir::new("report", "planted-all");
+    let results = dir.join("results");
+    copy_results(&PathBuf::from(format!("{REPO}/results")), &results);
+    let out = dir.join("paper");
+    assert_eq!(paper(&results, &out, false).status.code(), Some(0));
+    let before = claim_rows(&out);
+    assert_eq!(before.len(), 27);
+    assert!(before["C3"].contains("| **holds** |"), "{}", before["C3"]);
+
+    // Llama-2-7B's KV at 4096 tokens planted at 3.2 GB instead of 2.15: C3 alone is refuted
+    // (C2, C6, C7 and C12 read other rows of the same run).
+    let kv = results.join("kv_calc/20261130T011829Z.csv");
+    let row = [
+        ("model", "llama-2-7b"),
+        ("attention", "model"),
+        ("dtype", "f16"),
+        ("seq_len", "4096"),
+        ("sessions", "1"),
+    ];
+    plant(&kv, &row, "total_bytes", "3200000000.0");
+    assert_eq!(paper(&results, &out, false).status.code(), Some(0));
+    let after = claim_rows(&out);
+    assert_eq!(changed(&before, &after), ["C3"]);
+    assert!(after["C3"].contains("| **refuted** |"), "{}", after["C3"]);
+    plant(&kv, &row, "total_bytes", "2147483648.0");
+
+    // Paged blocks of 16 planted at 12% fragmentation: C4's paged parts fail; C5 reads the
+    // shared-prompt rows of the same run and does not change.
+    // The newest run, which the checks cite.
+    let alloc = fs::read_dir(results.join("kv_alloc"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .max()
+        .unwrap();
+    plant(
+        &alloc,
+        &[
+            ("allocator", "paged"),
+            ("block_size", "16"),
+            ("system_prompt", "0"),
+            ("max_new", "1024"),
+        ],
+        "fragmentation_pct",
+        "12.0",
+    );
+    assert_eq!(paper(&results, &out, false).status.code(), Some(0));
+    let after = claim_rows(&out);
+    assert_eq!(changed(&before, &after), ["C4"]);
+    assert!(
+        after["C4"].contains("fragmentation -> 5% (paged): refuted"),
+        "{}",
+        after["C4"]
+    );
+}
+
+#[test]
+fn a_dirty_unfinished_or_missing_run_is_marked_or_untested() {
     let dir = TempDir::new("report", "planted");
     let results = dir.join("results");
     let run = "20261130T011829Z";
@@ -230,32 +350,10 @@ fn a_planted_change_in_a_cited_csv_flips_its_verdict() {
         claim_row(&out, "C3")
     );
     // A run that is not there: untested, with the reason.
-    assert!(claim_row(&out, "C8").contains("**untested**: no run of naive_vs_flash2"));
-
-    // Llama-2-7B at 4096 tokens now holds 3 GiB instead of 2: C3 is refuted.
-    let csv_path = results.join(format!("kv_calc/{run}.csv"));
-    let text = fs::read_to_string(&csv_path).unwrap();
-    let planted: Vec<String> = text
-        .lines()
-        .map(|l| {
-            if l.contains(",llama-2-7b,model,") && l.contains(",4096,1,") && l.contains(",f16,") {
-                l.replace(",2.0,0.0,ok,", ",3.0,0.0,ok,")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect();
-    assert_ne!(
-        planted.join("\n") + "\n",
-        text,
-        "the planted row was not found"
-    );
-    fs::write(&csv_path, planted.join("\n") + "\n").unwrap();
-    assert_eq!(paper(&results, &out, false).status.code(), Some(0));
     assert!(
-        claim_row(&out, "C3").contains("**refuted**"),
+        claim_row(&out, "C8").contains("**untested** (no run of naive_vs_flash2 in results/ yet"),
         "{}",
-        claim_row(&out, "C3")
+        claim_row(&out, "C8")
     );
 
     // A run made from a dirty tree is marked where it is cited.
@@ -282,5 +380,66 @@ fn a_planted_change_in_a_cited_csv_flips_its_verdict() {
         claim_row(&out, "C3").contains("did not finish"),
         "{}",
         claim_row(&out, "C3")
+    );
+}
+
+/// The relative targets of the markdown links in `text` (anchors and web links left out).
+fn link_targets(text: &str) -> Vec<String> {
+    text.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .map(|l| l.split('#').next().unwrap_or("").to_string())
+        .filter(|l| !l.is_empty() && !l.starts_with("http"))
+        .collect()
+}
+
+#[test]
+fn the_documents_cite_only_files_that_exist() {
+    let dir = TempDir::new("report", "links");
+    let out = dir.join("paper");
+    let results = PathBuf::from(format!("{REPO}/results"));
+    assert_eq!(paper(&results, &out, false).status.code(), Some(0));
+    let paper_dir = PathBuf::from(format!("{REPO}/paper"));
+    let mut missing = vec![];
+    // The generated pages as they will sit in paper/ (their own files from `out`).
+    for e in fs::read_dir(&out).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".md") {
+            continue;
+        }
+        for l in link_targets(&fs::read_to_string(e.path()).unwrap()) {
+            if !out.join(&l).exists() && !paper_dir.join(&l).exists() {
+                missing.push(format!("paper/{name}: {l}"));
+            }
+        }
+    }
+    for doc in ["README.md", "paper/README.md", "ARCHITECTURE.md"] {
+        let path = PathBuf::from(format!("{REPO}/{doc}"));
+        let base = path.parent().unwrap().to_path_buf();
+        let text = fs::read_to_string(&path).unwrap();
+        for l in link_targets(&text) {
+            if !base.join(&l).exists() {
+                missing.push(format!("{doc}: {l}"));
+            }
+        }
+        // Run files named in the text, in code or not.
+        for word in text.split(|c: char| c.is_whitespace() || "`()[]|,;".contains(c)) {
+            let Some(at) = word.find("results/") else {
+                continue;
+            };
+            let path = word[at..].trim_end_matches(['.', ':']);
+            let is_run = path.split('/').nth(2).is_some_and(|f| {
+                f.len() >= 16
+                    && f.as_bytes()[8] == b'T'
+                    && f[..8].bytes().all(|b| b.is_ascii_digit())
+            });
+            if is_run && !PathBuf::from(format!("{REPO}/{path}")).exists() {
+                missing.push(format!("{doc}: {path}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "links to files that do not exist: {missing:#?}"
     );
 }

@@ -2,7 +2,8 @@
 //! line, its measured values divided by the number the claim states — the range min–max as a
 //! bar, the judged statistic (the median, or the check's `max`/`min`/`median`) as a dot — on a
 //! log axis where 1 is the claim's number, its tolerance band (`~ x`) or interval
-//! (`between x y`) shaded, coloured by the check's verdict. One picture answers "by how much
+//! (`between x y`) shaded, coloured by the check's verdict (grey for a check not in regime:
+//! the CPU values drawn are evidence on the mechanism, not the claim's verdict). One picture answers "by how much
 //! is each claim off?", which the table says in numbers. Checks whose number is 0 or whose
 //! values are not all positive cannot sit on a log axis and are counted in the caption.
 
@@ -15,7 +16,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 pub struct FigureCheck {
     /// `C8 · the part of the claim` (the check's `what`).
     pub label: String,
-    /// holds | refuted | depends
+    /// The check's verdict word (`Verdict::word`).
     pub verdict: &'static str,
     /// The number the claim states (the rule's `x`).
     pub number: f64,
@@ -45,10 +46,24 @@ fn plot_err(e: impl std::fmt::Display) -> HarnessError {
 fn colour(verdict: &str) -> RGBColor {
     match verdict {
         "holds" => RGBColor(0x1b, 0x9e, 0x77),
+        "holds, stronger than claimed" => RGBColor(0x0b, 0x5e, 0x47),
         "refuted" => RGBColor(0xd9, 0x5f, 0x02),
+        "tie (within noise)" => RGBColor(0xe6, 0xab, 0x02),
+        "not in regime" => RGBColor(0x99, 0x99, 0x99),
+        "untested" => RGBColor(0x33, 0x33, 0x33),
         _ => RGBColor(0x75, 0x70, 0xb3),
     }
 }
+
+/// The legend's entries: the word drawn and the verdict it colours.
+const LEGEND: [(&str, &str); 6] = [
+    ("holds", "holds"),
+    ("stronger than claimed", "holds, stronger than claimed"),
+    ("refuted", "refuted"),
+    ("depends", "depends"),
+    ("tie", "tie (within noise)"),
+    ("not in regime (CPU evidence)", "not in regime"),
+];
 
 /// Labels longer than this are cut with an ellipsis.
 const LABEL_CHARS: usize = 72;
@@ -169,10 +184,10 @@ pub fn claims_svg(checks: &[FigureCheck]) -> Result<String> {
                 BLACK.stroke_width(1),
             ))
             .map_err(plot_err)?;
-        for (k, word) in ["holds", "refuted", "depends"].into_iter().enumerate() {
-            let x = 20 + 110 * k as i32;
+        for (k, (word, verdict)) in LEGEND.into_iter().enumerate() {
+            let x = 20 + 190 * k as i32;
             let y = height as i32 - 14;
-            root.draw(&Circle::new((x, y), 5, colour(word).filled()))
+            root.draw(&Circle::new((x, y), 5, colour(verdict).filled()))
                 .map_err(plot_err)?;
             root.draw(&Text::new(
                 word,

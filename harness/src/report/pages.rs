@@ -1,7 +1,8 @@
-//! The paper's reference pages: `method.md` (how correctness and time are measured, with the
-//! tolerance table read from `kernel_common::tolerance` and the stored rooflines) and
-//! `machines.md` (every machine a provenance file under results/ names, and the runs on it),
-//! plus the list of every run the findings page ends with.
+//! The paper's reference pages: `method.md` (how correctness, time, the roofline columns and
+//! the verdicts are computed — the tolerance table read from `kernel_common::tolerance`) and
+//! `machines.md` (every machine a provenance file under results/ names, told apart by CPU
+//! model, widest ISA and cores, with the bandwidth and FMA peak measured at its runs' starts
+//! and the ISA tiers its runs used), plus the list of every run the findings page ends with.
 
 use crate::error::{HarnessError, Result};
 use kernel_common::{tolerance, DType};
@@ -26,6 +27,8 @@ pub struct RunInfo {
     pub machine: String,
     /// The run's SVGs, by file name.
     pub figures: Vec<String>,
+    /// The file to link: its CSV, or (a script's run without one) its report or provenance.
+    pub file: String,
 }
 
 fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -50,27 +53,58 @@ fn text(v: &Json, key: &str) -> String {
     }
 }
 
-/// "CPU, isa X (widest Y), N threads of M cores, device" from a provenance object.
-fn machine_of(v: &Json) -> String {
-    let isa = match (text(v, "isa"), text(v, "isa_detected")) {
-        (i, _) if i.is_empty() => "ISA not recorded".to_string(),
-        (i, d) if d.is_empty() || d == i => format!("isa {i}"),
-        (i, d) => format!("isa {i} (widest {d})"),
-    };
+/// The widest ISA the CPU has, and how that is known: recorded (`isa_detected`), or proven
+/// by an AVX-512 FMA roofline; otherwise not recorded (a run before `isa_detected` existed
+/// whose FMA peak ran AVX2 does not show the CPU lacks AVX-512: the faster of the two wins).
+fn widest_isa(v: &Json) -> String {
+    let detected = text(v, "isa_detected");
+    if !detected.is_empty() {
+        return detected;
+    }
+    let fma = v
+        .get("roofline")
+        .and_then(|r| r.get("fma_isa"))
+        .and_then(Json::as_str)
+        .unwrap_or("");
+    if fma == "avx512f" {
+        "avx512 (its FMA roofline ran AVX-512)".into()
+    } else {
+        "widest ISA not recorded".into()
+    }
+}
+
+/// The machine a provenance names: CPU model, widest ISA, cores. Two provenances that differ
+/// in any of them are two machines.
+pub fn machine_id(v: &Json) -> String {
     let cores = match text(v, "logical_cores") {
-        c if c.is_empty() => String::new(),
-        c => format!(" of {c} cores"),
+        c if c.is_empty() => "cores not recorded".to_string(),
+        c => format!("{c} vCPUs"),
     };
     let device = match text(v, "gpu") {
-        g if g.is_empty() => text(v, "device"),
-        g => format!("{} ({g})", text(v, "device")),
+        g if !g.is_empty() => format!(", {g}"),
+        _ => String::new(),
     };
     format!(
-        "{}, {isa}, {} threads{cores}, {}",
+        "{} · {} · {cores}{device}",
         text(v, "cpu_model"),
-        text(v, "threads"),
-        if device.is_empty() { "cpu" } else { &device }
+        widest_isa(v)
     )
+}
+
+/// The ISA tier and threads a run used.
+pub fn setting(v: &Json) -> String {
+    let tier = match text(v, "isa") {
+        i if i.is_empty() => "ISA tier not recorded".to_string(),
+        i => format!("isa {i}"),
+    };
+    format!("{tier}, {} threads, {}", text(v, "threads"), {
+        let d = text(v, "device");
+        if d.is_empty() {
+            "cpu".to_string()
+        } else {
+            d
+        }
+    })
 }
 
 /// Every run with a provenance file directly in results/<experiment>/, by experiment and id.
@@ -101,7 +135,13 @@ pub fn runs(results: &Path) -> Result<Vec<RunInfo>> {
                 .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .filter(|n| n.starts_with(&run_id) && n.ends_with(".svg"))
                 .collect();
+            let file = ["csv", "md", "json"]
+                .iter()
+                .map(|x| format!("{run_id}.{x}"))
+                .find(|f| dir.join(f).is_file())
+                .unwrap_or_default();
             out.push(RunInfo {
+                file,
                 experiment: experiment.clone(),
                 run_id,
                 rows: text(&v, "rows"),
@@ -111,7 +151,7 @@ pub fn runs(results: &Path) -> Result<Vec<RunInfo>> {
                     sha.get(..10).unwrap_or(&sha),
                     if dirty { "+dirty" } else { "" }
                 ),
-                machine: machine_of(&v),
+                machine: format!("{}; {}", machine_id(&v), setting(&v)),
                 figures,
             });
         }
@@ -155,12 +195,21 @@ fn provenances(v: &Json) -> Vec<&Json> {
     out
 }
 
+/// What machines.md gathers per machine.
+#[derive(Default)]
+struct Seen {
+    runs: usize,
+    read: Vec<f64>,
+    fma: Vec<f64>,
+    tiers: std::collections::BTreeSet<String>,
+    dates: std::collections::BTreeSet<String>,
+}
+
 /// machines.md.
 pub fn machines(results: &Path) -> Result<String> {
     let mut files = vec![];
     json_files(results, &mut files)?;
-    // machine → (runs, best read GB/s, best FMA GFLOP/s at a run's start)
-    let mut seen: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     for path in &files {
         let Some(v) = read_json(path) else { continue };
         if text(&v, "run_id").is_empty() {
@@ -174,52 +223,74 @@ pub fn machines(results: &Path) -> Result<String> {
                 p.get("roofline")
                     .and_then(|r| r.get(k))
                     .and_then(Json::as_f64)
-                    .unwrap_or(f64::NAN)
             };
-            let entry = seen.entry(machine_of(p)).or_insert((0, f64::NAN, f64::NAN));
-            entry.0 += 1;
-            entry.1 = entry.1.max(roof("read_gbps"));
-            entry.2 = entry.2.max(roof("fma_gflops"));
+            let entry = seen.entry(machine_id(p)).or_default();
+            entry.runs += 1;
+            entry.read.extend(roof("read_gbps"));
+            entry.fma.extend(roof("fma_gflops"));
+            entry.tiers.insert(match text(p, "isa") {
+                i if i.is_empty() => "not recorded".into(),
+                i => i,
+            });
+            let start = text(p, "started_at");
+            entry
+                .dates
+                .insert(start.get(..10).unwrap_or(&start).to_string());
         }
     }
     let mut out = format!(
-        "# Machines\n\n{} Every machine a provenance file under `results/` names \
-         (CPU, ISA tier in use and the widest the CPU has, threads, cores, device), with the \
-         best roofline measured at the start of its runs.\n\n\
-         | machine | runs | best read GB/s at a run's start | best FMA GFLOP/s at a run's start |\n|---|---|---|---|\n",
-        GENERATED
+        "# Machines\n\n{GENERATED} Every machine a provenance file under `results/` names. Two \
+         provenances that differ in CPU model, widest ISA or cores are two machines: the \
+         cloud names two different CPUs \"AMD EPYC\" (one with AVX-512, one without), so the \
+         name alone does not tell them apart. A run that does not record the widest ISA is a \
+         machine of its own unless its FMA roofline ran AVX-512. The read bandwidth and FMA \
+         peak are each run's own, measured at its start; they are listed, not used to tell \
+         machines apart, because one shared VM's bandwidth moved 25–50 GB/s within an hour \
+         (see `git show f938275`). A verdict built from runs on more than one machine names \
+         each in `claims.md`.\n\n\
+         | machine | runs | ISA tiers used | read GB/s at run starts | FMA GFLOP/s at run starts | dates |\n|---|---|---|---|---|---|\n"
     );
-    let fmt = |x: f64| {
-        if x.is_nan() {
-            "not recorded".to_string()
-        } else {
-            format!("{x:.1}")
+    let span = |v: &[f64]| {
+        if v.is_empty() {
+            return "not recorded".to_string();
         }
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{lo:.1}–{hi:.1}")
     };
-    for (m, (n, read, fma)) in &seen {
-        let _ = writeln!(out, "| {m} | {n} | {} | {} |", fmt(*read), fmt(*fma));
+    for (m, s) in &seen {
+        let _ = writeln!(
+            out,
+            "| {m} | {} | {} | {} | {} | {} |",
+            s.runs,
+            s.tiers.iter().cloned().collect::<Vec<_>>().join(", "),
+            span(&s.read),
+            span(&s.fma),
+            s.dates.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
     }
-    out += "\n## Stored rooflines (`results/roofline/`, the best seen per machine)\n\n| machine | CPU | threads | read GB/s | FMA GFLOP/s | FMA ISA | method |\n|---|---|---|---|---|---|---|\n";
+    out += "\n## Stored rooflines (`results/roofline/`, the best seen per machine)\n\n\
+            `harness roofline` keys its store by CPU model and cores only, so a stored file may \
+            hold the best of two machines of one name (amd-epyc-2c: the AVX-512 EPYC of Nov 30 \
+            and the AVX2 EPYC of Dec 1). The verdicts never use these: every run compares with \
+            the roofline it measured at its own start.\n\n\
+            | file's machine | CPU | threads | read GB/s | FMA GFLOP/s | FMA ISA | measured at (read, FMA) |\n|---|---|---|---|---|---|---|\n";
+    let fmt = |x: Option<f64>| x.map_or("not recorded".to_string(), |x| format!("{x:.1}"));
     let roof_dir = results.join("roofline");
     if roof_dir.is_dir() {
         for p in sorted_entries(&roof_dir)? {
             let Some(v) = read_json(&p) else { continue };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {}, {} |",
                 text(&v, "machine"),
                 text(&v, "cpu_model"),
                 text(&v, "threads"),
-                fmt(v
-                    .get("read_gbps")
-                    .and_then(Json::as_f64)
-                    .unwrap_or(f64::NAN)),
-                fmt(v
-                    .get("fma_gflops")
-                    .and_then(Json::as_f64)
-                    .unwrap_or(f64::NAN)),
+                fmt(v.get("read_gbps").and_then(Json::as_f64)),
+                fmt(v.get("fma_gflops").and_then(Json::as_f64)),
                 text(&v, "fma_isa"),
-                text(&v, "method")
+                text(&v, "read_measured_at"),
+                text(&v, "fma_measured_at")
             );
         }
     }
@@ -229,7 +300,7 @@ pub fn machines(results: &Path) -> Result<String> {
 /// method.md.
 pub fn method(results: &Path) -> Result<String> {
     let mut out = format!(
-        "# Method\n\n{}\n\n## Correctness\n\n\
+        "# Method\n\n{GENERATED}\n\n## Correctness\n\n\
          Every optimised variant is run on fresh random inputs (unit normals from a seed each row \
          records) and compared with an f64 reference of the same algorithm that sees exactly the \
          inputs the variant sees (after rounding to its storage type). Outputs are filled with \
@@ -237,8 +308,7 @@ pub fn method(results: &Path) -> Result<String> {
          passes. `harness check` adds edge cases (lengths 1, non-multiples of the block, masked \
          rows, extremes) to the random shapes. The bound is one table \
          (`kernel_common::metrics::tolerance`):\n\n\
-         | storage dtype | accumulation | rel L2 ≤ | max \\|err\\| ≤ |\n|---|---|---|---|\n",
-        GENERATED
+         | storage dtype | accumulation | rel L2 ≤ | max \\|err\\| ≤ |\n|---|---|---|---|\n"
     );
     for dt in DType::ALL {
         let t = tolerance(dt);
@@ -253,18 +323,47 @@ pub fn method(results: &Path) -> Result<String> {
          One untimed warm-up (also the correctness run), then repetitions, each preceded by a \
          read of a {} MiB buffer so no input is served from cache; a row reports the median, \
          p10 and p90 and the count. Compare rows within one run: the machines are shared VMs \
-         whose bandwidth moves between runs.\n\n\
-         ## Roofline\n\n\
-         Every run measures the machine's read bandwidth and FMA peak when it starts and records \
-         them in its `.json`; `% roof` is max(bytes / bandwidth, FLOPs / peak) / time. The best \
-         values seen per machine are kept in `results/roofline/` (listed in machines.md).\n\n\
+         whose bandwidth moves between runs. Serving and speculative-decoding rows run whole \
+         workloads: serving rows are one run each (no spread); speculative rows repeat plain \
+         and speculative decoding `reps` times in alternation and report the median speed-up \
+         with its p10 and p90.\n\n\
+         ## Roofline columns\n\n\
+         Every run measures the machine's read bandwidth (best of ten parallel streaming sums \
+         over 512 MiB) and FMA peak (best of five runs of 12 independent FMA chains per thread, \
+         AVX2 and AVX-512) when it starts and records them in its `.json`. The columns that \
+         compare with them are not one definition:\n\n\
+         | column | experiments | definition |\n|---|---|---|\n\
+         | `pct_roofline` | attention (naive_vs_flash2, flash_vs_paged, speed_bars) | 100 × max(bytes / read bandwidth, FLOPs / FMA peak) / time; `bound` says which term is larger |\n\
+         | `pct_of_roofline` | decode_roofline | 100 × (weight bytes + K/V bytes) / read bandwidth / time: bytes only — a decode step's FLOPs are not in it, so a step limited by compute or by serial work shows a low value, not a compute-bound one |\n\
+         | `pct_read_bw` | quant_tradeoff, isa_gemv, quant_activation, kv_precision | 100 × bytes / time / read bandwidth |\n\
+         | `gbps`, `effective_gbs`, `bandwidth_gbs` | all timed families | bytes the variant must move / time |\n\n\
+         The best values seen per machine are kept in `results/roofline/` (listed in \
+         machines.md); verdicts use each run's own.\n\n\
          ## Verdicts\n\n\
-         `experiments/claims.toml` declares each claim's checks: an experiment, a run (or its \
-         newest finished run), a filter over its rows, a column — or the ratio of a column \
-         between two sets of rows joined on their grid point — and the rule the claim's number \
-         sets. A check holds when every value passes, is refuted when none does, and depends \
-         when some do (the declared columns say where). A missing, unfinished or failed run \
-         makes it untested. Runs made from a dirty tree are marked wherever they are cited.\n",
+         `experiments/claims.toml` quotes each claim as `../shared/claims.md` writes it, with \
+         its seed section and the seed's words, the regime the claim is about (hardware and \
+         model) and the strongest objection to its verdict. Each check names the part of the \
+         claim it tests, what the claim states, what is measured, and why that is the same \
+         quantity — or how the regimes differ. A check is one of three kinds: `arithmetic` \
+         (a calculation, or a count no machine changes), `CPU analogue` (a CPU measurement of a \
+         mechanism that carries over, and the check says why), or `not in regime` (the claim \
+         is about a GPU or a 7B model: the CPU result is shown as evidence on the mechanism, \
+         never as the claim's verdict). Its evidence is a calculation or one run's rows (a \
+         filter, a column or an expression over columns, or the ratio of a column between two \
+         sets of rows joined on their grid point), and the rule the claim's number sets.\n\n\
+         A value passes the rule, overshoots it in the direction the claim points (stronger \
+         than claimed), or fails it. A value with a noise interval — the p10–p90 of the timed \
+         rows it comes from (a ratio divides the intervals, so two rows whose p10–p90 ranges \
+         overlap give a ratio interval that reaches 1), a confidence interval, or ± 2 standard \
+         errors — that reaches both a passing and a failing value is a tie. A check holds when \
+         every value passes (stronger than claimed when every value overshoots), is refuted \
+         when none passes, a tie when every value is, and depends otherwise (the declared \
+         columns say where). An existence claim (`stat = \"some\"`) holds when one value \
+         passes. A missing, unfinished or failed run, or a filter no row matches, makes a check \
+         untested with the reason. A claim's verdict combines its in-regime checks; checks not \
+         in regime and parts no check covers are named beside it. No number is printed rounded \
+         onto the other side of a threshold than its value (1.0114 against < 1.01 prints as \
+         1.011). Runs made from a dirty tree are marked wherever they are cited.\n",
         crate::measure::FLUSH_BYTES >> 20
     );
     let stored = results.join("roofline");

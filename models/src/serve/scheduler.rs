@@ -1,18 +1,28 @@
-//! Request scheduling over the paged KV cache, policy apart from kernels. Three modes:
+//! Request scheduling over the paged KV cache, policy apart from kernels. The modes:
 //! - continuous batching (Orca, Yu et al., OSDI 2022; vLLM): waiting and running queues, a
 //!   per-step token budget, decode first (every running sequence gets its next token), then
 //!   prefill fill-in from the waiting queue in arrival order, optionally chunked; requests join
-//!   and leave the batch at every step;
+//!   and leave the batch at every step; `PrefillFirst` is its ablation (prefill and admissions
+//!   take the budget first, decode gets what is left);
 //! - static batching: a batch is formed only when nothing runs and runs until its last member
 //!   finishes (finished members keep their slot, as a padded batch would);
 //! - dynamic batching: static, but a batch starts only when `max_batch` requests wait or the
-//!   oldest has waited `window_s`.
+//!   oldest has waited `window_s`;
+//! - padded static batching (C26): static, and every prompt of a batch is padded to the
+//!   batch's longest, the padding run through the model as filler sequences of its own (the
+//!   compute and KV a padded batch spends, without changing any request's tokens); `sorted`
+//!   forms each batch from the length-sorted bucket of waiting requests that holds the oldest
+//!   (the seed's length-sorted queue, bucketed so no request waits forever).
 //!
 //! Admission control checks the KV blocks a prompt needs; when a decode step finds no free
 //! block, the most recently admitted sequence is preempted by recompute (its blocks are freed,
 //! it returns to the front of the waiting queue with its generated tokens, which are prefilled
-//! again on readmission): never an out-of-memory failure. Time is a virtual clock advanced by
-//! the measured wall time of each step, so Poisson arrivals need no idle waiting.
+//! again on readmission): never an out-of-memory failure. An optional latency objective
+//! (`SloPolicy`, C25; seed 003 §4's "紧急抢占机制"): while the p95 of the last steps' times
+//! exceeds it, running sequences longer than `factor` × the batch's mean length are paused
+//! (they keep their blocks and skip decode) until the p95 is back under the objective. Time is
+//! a virtual clock advanced by the measured wall time of each step, so Poisson arrivals need
+//! no idle waiting.
 
 use crate::model::forward::SeqChunk;
 use crate::model::kv::KvPools;
@@ -26,14 +36,25 @@ use std::time::Instant;
 /// How requests are grouped into forward passes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum BatchingMode {
-    Continuous { chunked_prefill: bool },
+    Continuous {
+        chunked_prefill: bool,
+    },
+    /// Continuous, unchunked, with prefill before decode in every step.
+    PrefillFirst,
     Static,
-    Dynamic { window_s: f64 },
+    Dynamic {
+        window_s: f64,
+    },
+    /// Static batches padded to their longest prompt; `sorted`: length-sorted buckets.
+    Padded {
+        sorted: bool,
+    },
 }
 
 impl std::str::FromStr for BatchingMode {
     type Err = KernelError;
-    /// `continuous`, `continuous-chunked`, `static`, `dynamic:<window ms>`.
+    /// `continuous`, `continuous-chunked`, `continuous-prefill-first`, `static`,
+    /// `dynamic:<window ms>`, `static-padded`, `static-sorted`.
     fn from_str(s: &str) -> Result<BatchingMode> {
         Ok(match s {
             "continuous" => BatchingMode::Continuous {
@@ -42,18 +63,32 @@ impl std::str::FromStr for BatchingMode {
             "continuous-chunked" => BatchingMode::Continuous {
                 chunked_prefill: true,
             },
+            "continuous-prefill-first" => BatchingMode::PrefillFirst,
             "static" => BatchingMode::Static,
+            "static-padded" => BatchingMode::Padded { sorted: false },
+            "static-sorted" => BatchingMode::Padded { sorted: true },
             _ => match s.strip_prefix("dynamic:").map(str::parse::<f64>) {
                 Some(Ok(ms)) if ms.is_finite() && ms >= 0.0 => BatchingMode::Dynamic {
                     window_s: ms / 1e3,
                 },
                 _ => {
                     return Err(KernelError::Unsupported(format!(
-                        "batching mode '{s}' is not continuous, continuous-chunked, static or dynamic:<ms>"
+                        "batching mode '{s}' is not continuous, continuous-chunked, \
+                         continuous-prefill-first, static, dynamic:<ms>, static-padded or static-sorted"
                     )))
                 }
             },
         })
+    }
+}
+
+impl BatchingMode {
+    /// Requests join and leave the batch at every step.
+    fn continuous(self) -> bool {
+        matches!(
+            self,
+            BatchingMode::Continuous { .. } | BatchingMode::PrefillFirst
+        )
     }
 }
 
@@ -69,6 +104,34 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     pub block_size: usize,
     pub prefix_sharing: bool,
+}
+
+/// Pausing long sequences while the step latency breaks its objective (C25).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SloPolicy {
+    /// The objective on the p95 of step times, seconds (every running sequence waits one
+    /// step per token, so a step time is the inter-token latency it sees).
+    pub objective_s: f64,
+    /// Steps the p95 is taken over.
+    pub window: usize,
+    /// A sequence longer than this × the running batch's mean length is paused.
+    pub factor: f64,
+}
+
+impl SloPolicy {
+    /// Checks the knobs; one line.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.objective_s > 0.0 && self.objective_s.is_finite())
+            || self.window == 0
+            || !(self.factor >= 1.0 && self.factor.is_finite())
+        {
+            return Err(KernelError::Unsupported(format!(
+                "latency objective {} s over {} steps with factor {}: the objective must be > 0, the window ≥ 1 step, the factor ≥ 1",
+                self.objective_s, self.window, self.factor
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One request.
@@ -93,6 +156,8 @@ pub struct Finished {
     pub first_token: f64,
     pub done: f64,
     pub preemptions: usize,
+    /// The clock when each generated token came out.
+    pub token_times: Vec<f64>,
 }
 
 impl Finished {
@@ -105,6 +170,10 @@ impl Finished {
         (self.generated.len() > 1)
             .then(|| (self.done - self.first_token) / (self.generated.len() - 1) as f64)
     }
+    /// The gaps between successive tokens (inter-token latencies).
+    pub fn gaps(&self) -> impl Iterator<Item = f64> + '_ {
+        self.token_times.windows(2).map(|w| w[1] - w[0])
+    }
 }
 
 struct Seq {
@@ -114,9 +183,12 @@ struct Seq {
     computed: usize,
     sampler: Sampler,
     first_token: Option<f64>,
+    token_times: Vec<f64>,
     preemptions: usize,
     /// Finished but kept in a static batch (its slot idles as padding would).
     idle: bool,
+    /// Skips decode while the latency objective is broken (keeps its blocks).
+    paused: bool,
 }
 
 impl Seq {
@@ -140,6 +212,20 @@ pub struct StepRecord {
     pub kv: KvStats,
 }
 
+/// Tokens a step runs that no request asked for: prompt padding and the decode slots of
+/// finished members of a static batch.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Padding {
+    pub prefill: usize,
+    pub decode: usize,
+}
+
+/// A filler sequence of a padded batch: pad tokens prefilled beside a real prompt.
+struct Filler {
+    id: u64,
+    tokens: Vec<u32>,
+}
+
 /// Runs requests to completion over one model and one KV pool.
 pub struct Engine<'m> {
     pub model: &'m Llama,
@@ -149,11 +235,21 @@ pub struct Engine<'m> {
     pending: VecDeque<Request>,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
+    fillers: Vec<Filler>,
+    slo: Option<SloPolicy>,
+    /// The step count when paused sequences were last resumed for want of other work.
+    slo_resumed_at: Option<usize>,
     pub clock: f64,
     pub finished: Vec<Finished>,
     pub steps: Vec<StepRecord>,
     pub preemptions: usize,
+    /// Sequences paused by the latency objective (each pause counted once).
+    pub pauses: usize,
+    pub padding: Padding,
 }
+
+/// Ids of filler sequences count down from here (request ids are below).
+const FILLER_IDS: u64 = u64::MAX / 2;
 
 impl<'m> Engine<'m> {
     /// An engine with `cfg.num_blocks` KV blocks for `model`.
@@ -171,11 +267,23 @@ impl<'m> Engine<'m> {
             pending: VecDeque::new(),
             waiting: VecDeque::new(),
             running: vec![],
+            fillers: vec![],
+            slo: None,
+            slo_resumed_at: None,
             clock: 0.0,
             finished: vec![],
             steps: vec![],
             preemptions: 0,
+            pauses: 0,
+            padding: Padding::default(),
         })
+    }
+
+    /// Pauses long sequences while the step latency breaks `policy`'s objective.
+    pub fn with_slo(mut self, policy: SloPolicy) -> Result<Engine<'m>> {
+        policy.validate()?;
+        self.slo = Some(policy);
+        Ok(self)
     }
 
     /// Queues requests (any order; they arrive at their `arrival`). A request that can never
@@ -187,6 +295,12 @@ impl<'m> Engine<'m> {
             if r.prompt.is_empty() || r.max_new == 0 {
                 return Err(KernelError::InvalidShape(format!(
                     "request {}: empty prompt or max_new 0",
+                    r.id
+                )));
+            }
+            if r.id >= FILLER_IDS {
+                return Err(KernelError::InvalidShape(format!(
+                    "request {}: ids from {FILLER_IDS} are the scheduler's own",
                     r.id
                 )));
             }
@@ -233,8 +347,10 @@ impl<'m> Engine<'m> {
                 generated: vec![],
                 computed: 0,
                 first_token: None,
+                token_times: vec![],
                 preemptions: 0,
                 idle: false,
+                paused: false,
             });
         }
     }
@@ -265,6 +381,7 @@ impl<'m> Engine<'m> {
         let mut s = self.running.remove(i);
         self.blocks.free(s.req.id);
         s.computed = 0;
+        s.paused = false;
         s.preemptions += 1;
         self.preemptions += 1;
         self.waiting.push_front(s);
@@ -273,9 +390,8 @@ impl<'m> Engine<'m> {
     /// Whether a new batch may start now (static and dynamic modes), or when to look again.
     fn batch_gate(&self) -> std::result::Result<(), Option<f64>> {
         match self.cfg.mode {
-            BatchingMode::Continuous { .. } => Ok(()),
+            m if m.continuous() => Ok(()),
             _ if !self.running.is_empty() => Err(None),
-            BatchingMode::Static => Ok(()),
             BatchingMode::Dynamic { window_s } => {
                 let oldest = self.waiting.front().map(|s| s.req.arrival);
                 match oldest {
@@ -289,22 +405,74 @@ impl<'m> Engine<'m> {
                     None => Err(None),
                 }
             }
+            _ => Ok(()),
         }
     }
 
-    /// Decides and runs one step; advances the clock by its measured time (or to the next
-    /// arrival when there is nothing to run).
-    pub fn step(&mut self) -> Result<()> {
-        self.arrive();
-        let started = Instant::now();
-        // Decode first: every running sequence whose prompt is done gets one token slot.
-        let mut budget = self.cfg.token_budget;
-        let mut plan: Vec<(usize, usize)> = vec![]; // (running index, tokens to run)
+    /// The latency objective: pauses sequences longer than `factor` × the mean length while
+    /// the p95 of the last `window` step times is over the objective, resumes them otherwise.
+    /// Never pauses every decoding sequence.
+    fn apply_slo(&mut self) {
+        let Some(p) = self.slo else { return };
+        if self.slo_resumed_at == Some(self.steps.len()) {
+            return;
+        }
+        let recent: Vec<f64> = self
+            .steps
+            .iter()
+            .rev()
+            .take(p.window)
+            .map(|s| s.seconds)
+            .collect();
+        let broken = recent.len() == p.window && percentile(recent, 0.95) > p.objective_s;
+        let live: Vec<usize> = (0..self.running.len())
+            .filter(|&i| !self.running[i].idle)
+            .collect();
+        if !broken || live.is_empty() {
+            for s in &mut self.running {
+                s.paused = false;
+            }
+            return;
+        }
+        let mean =
+            live.iter().map(|&i| self.running[i].len()).sum::<usize>() as f64 / live.len() as f64;
+        let long: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&i| self.running[i].len() as f64 > p.factor * mean)
+            .collect();
+        if long.len() == live.len() {
+            return;
+        }
+        for i in long {
+            let s = &mut self.running[i];
+            if !s.paused {
+                s.paused = true;
+                self.pauses += 1;
+            }
+        }
+    }
+
+    /// Decode slots: every running sequence whose prompt is done gets one token (with
+    /// `capped`, only while the budget lasts). Preempts by recompute when a block is missing.
+    fn plan_decode(
+        &mut self,
+        plan: &mut Vec<(usize, usize)>,
+        budget: &mut usize,
+        capped: bool,
+    ) -> Result<()> {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            if !self.decoding(s) || (s.idle && s.len() >= self.model.cfg.context) {
-                i += 1; // still prefilling (handled below), or a padding slot at the end
+            if capped && *budget == 0 {
+                break;
+            }
+            if plan.iter().any(|p| p.0 == i)
+                || !self.decoding(s)
+                || s.paused
+                || (s.idle && s.len() >= self.model.cfg.context)
+            {
+                i += 1; // prefilling (handled apart), paused, or a padding slot at the end
                 continue;
             }
             let last = *s.generated.last().expect("a decoding sequence has a token");
@@ -314,7 +482,7 @@ impl<'m> Engine<'m> {
                         self.kv.copy_block(src, dst)?;
                     }
                     plan.push((i, 1));
-                    budget = budget.saturating_sub(1);
+                    *budget = budget.saturating_sub(1);
                     i += 1;
                 }
                 Err(_) if s.idle => i += 1, // padding work stops first, preempting nobody
@@ -334,68 +502,180 @@ impl<'m> Engine<'m> {
                 }
             }
         }
-        // Prefill: unfinished prompts of running sequences, then admissions.
+        Ok(())
+    }
+
+    /// Tokens of a prompt to run now: all of it outside continuous batching; in it, what the
+    /// budget allows (a chunk when chunked, a lone prompt over the budget when nothing else
+    /// runs).
+    fn take(&self, remaining: usize, budget: usize, empty: bool) -> Option<usize> {
         let chunked = matches!(
             self.cfg.mode,
             BatchingMode::Continuous {
                 chunked_prefill: true
             }
         );
-        let continuous = matches!(self.cfg.mode, BatchingMode::Continuous { .. });
-        let take = |remaining: usize, budget: usize, empty: bool| -> Option<usize> {
-            if !continuous || remaining <= budget {
-                Some(remaining)
-            } else if chunked && budget > 0 {
-                Some(budget)
-            } else if empty {
-                Some(remaining) // a lone prompt over the budget still runs
-            } else {
-                None
-            }
-        };
-        for (i, s) in self.running.iter().enumerate() {
+        if !self.cfg.mode.continuous() || remaining <= budget {
+            Some(remaining)
+        } else if chunked && budget > 0 {
+            Some(budget)
+        } else if empty {
+            Some(remaining)
+        } else {
+            None
+        }
+    }
+
+    /// Prefill: unfinished prompts of running sequences, then admissions (a padded batch's
+    /// with its fillers). Returns when to look again if the batch gate is shut.
+    fn plan_prefill(&mut self, plan: &mut Vec<(usize, usize)>, budget: &mut usize) -> Option<f64> {
+        for i in 0..self.running.len() {
+            let s = &self.running[i];
             if plan.iter().any(|p| p.0 == i) || self.decoding(s) || s.computed >= s.len() {
                 continue;
             }
-            if let Some(n) = take(s.len() - s.computed, budget, plan.is_empty()) {
+            if let Some(n) = self.take(s.len() - s.computed, *budget, plan.is_empty()) {
                 plan.push((i, n));
-                budget = budget.saturating_sub(n);
+                *budget = budget.saturating_sub(n);
             }
         }
         // Blocks this step fills are shareable at once: the forward pass writes every chunk's
         // K/V of a layer before any chunk's attention reads it.
-        for &(i, n) in &plan {
+        for &(i, n) in plan.iter() {
             let s = &self.running[i];
             self.blocks.mark_computed(s.req.id, s.computed + n);
         }
-        let mut next_look = None;
-        match self.batch_gate() {
-            Ok(()) => {
-                while self.running.len() < self.cfg.max_batch && (budget > 0 || !continuous) {
-                    let Some(s) = self.waiting.front() else { break };
-                    let tokens = s.tokens();
-                    let Some(n) = take(tokens.len(), budget, plan.is_empty()) else {
-                        break;
-                    };
-                    if self.blocks.blocks_needed(&tokens) > self.blocks.free_blocks() {
-                        break;
-                    }
-                    let mut s = self.waiting.pop_front().expect("checked");
-                    let cached = self
-                        .blocks
-                        .allocate(s.req.id, &tokens)
-                        .expect("checked free blocks");
-                    s.computed = cached;
-                    let n = n.min(tokens.len() - cached);
-                    self.blocks.mark_computed(s.req.id, cached + n);
-                    self.running.push(s);
-                    plan.push((self.running.len() - 1, n));
-                    budget = budget.saturating_sub(n);
+        if let Err(t) = self.batch_gate() {
+            return t;
+        }
+        let padded = match self.cfg.mode {
+            BatchingMode::Padded { sorted } => {
+                if sorted {
+                    self.bucket_to_front();
+                }
+                Some(self.padded_batch())
+            }
+            _ => None,
+        };
+        let continuous = self.cfg.mode.continuous();
+        let mut admitted = 0;
+        while self.running.len() < self.cfg.max_batch && (*budget > 0 || !continuous) {
+            if padded.is_some_and(|n| admitted == n) {
+                break;
+            }
+            let Some(s) = self.waiting.front() else { break };
+            let tokens = s.tokens();
+            let Some(n) = self.take(tokens.len(), *budget, plan.is_empty()) else {
+                break;
+            };
+            if self.blocks.blocks_needed(&tokens) > self.blocks.free_blocks() {
+                break;
+            }
+            let mut s = self.waiting.pop_front().expect("checked");
+            let cached = self
+                .blocks
+                .allocate(s.req.id, &tokens)
+                .expect("checked free blocks");
+            s.computed = cached;
+            let n = n.min(tokens.len() - cached);
+            self.blocks.mark_computed(s.req.id, cached + n);
+            self.running.push(s);
+            plan.push((self.running.len() - 1, n));
+            *budget = budget.saturating_sub(n);
+            admitted += 1;
+        }
+        if padded.is_some() {
+            let batch = &self.running[self.running.len() - admitted..];
+            let longest = batch.iter().map(Seq::len).max().unwrap_or(0);
+            for s in batch {
+                let pad = longest - s.len();
+                if pad == 0 {
+                    continue;
+                }
+                let id = FILLER_IDS + self.fillers.len() as u64;
+                let vocab = self.model.cfg.vocab as u64;
+                let tokens: Vec<u32> = (0..pad as u64).map(|t| ((id + t) % vocab) as u32).collect();
+                if self.blocks.allocate(id, &tokens).is_ok() {
+                    self.padding.prefill += pad;
+                    self.fillers.push(Filler { id, tokens });
                 }
             }
-            Err(t) => next_look = t,
         }
+        None
+    }
+
+    /// How many of the waiting queue's front the next padded batch takes: at most
+    /// `max_batch`, as many as fit the pool once each is padded to the longest.
+    fn padded_batch(&self) -> usize {
+        let mut longest = 0;
+        let mut n = 0;
+        for s in self.waiting.iter().take(self.cfg.max_batch) {
+            let l = longest.max(s.len());
+            let blocks = (n + 1) * l.div_ceil(self.cfg.block_size);
+            if blocks > self.blocks.free_blocks() {
+                break;
+            }
+            longest = l;
+            n += 1;
+        }
+        n
+    }
+
+    /// Length-sorted buckets: the waiting requests sorted by length, cut into buckets of
+    /// `max_batch`; the one holding the oldest request moves to the front (oldest first).
+    fn bucket_to_front(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let mut order: Vec<usize> = (0..self.waiting.len()).collect();
+        order.sort_by_key(|&i| (self.waiting[i].len(), i));
+        let pos = order
+            .iter()
+            .position(|&i| i == 0)
+            .expect("the oldest is there");
+        let b = self.cfg.max_batch;
+        let start = (pos / b) * b;
+        let mut bucket: Vec<usize> = order[start..(start + b).min(order.len())].to_vec();
+        bucket.sort_unstable();
+        let mut rest: VecDeque<Seq> = VecDeque::with_capacity(self.waiting.len());
+        let mut front = vec![];
+        for (i, s) in self.waiting.drain(..).enumerate() {
+            if bucket.binary_search(&i).is_ok() {
+                front.push(s);
+            } else {
+                rest.push_back(s);
+            }
+        }
+        front.extend(rest);
+        self.waiting = front.into();
+    }
+
+    /// Decides and runs one step; advances the clock by its measured time (or to the next
+    /// arrival when there is nothing to run).
+    pub fn step(&mut self) -> Result<()> {
+        self.arrive();
+        self.apply_slo();
+        let started = Instant::now();
+        let mut budget = self.cfg.token_budget;
+        let mut plan: Vec<(usize, usize)> = vec![]; // (running index, tokens to run)
+        let next_look = if self.cfg.mode == BatchingMode::PrefillFirst {
+            let t = self.plan_prefill(&mut plan, &mut budget);
+            self.plan_decode(&mut plan, &mut budget, true)?;
+            t
+        } else {
+            self.plan_decode(&mut plan, &mut budget, false)?;
+            self.plan_prefill(&mut plan, &mut budget)
+        };
         if plan.is_empty() {
+            if self.running.iter().any(|s| s.paused) {
+                // Only paused sequences could run: resume them, and pause nobody until a
+                // step has run.
+                for s in &mut self.running {
+                    s.paused = false;
+                }
+                self.slo_resumed_at = Some(self.steps.len());
+                return Ok(());
+            }
             // Nothing to run: jump to the next arrival or batch deadline.
             let next = self.pending.front().map(|r| r.arrival);
             let t = match (next, next_look) {
@@ -420,29 +700,31 @@ impl<'m> Engine<'m> {
                 s.tokens()[s.computed..s.computed + n].to_vec()
             })
             .collect();
+        let fillers = std::mem::take(&mut self.fillers);
         let tables: Vec<Vec<u32>> = plan
             .iter()
-            .map(|&(i, _)| {
-                self.blocks
-                    .seq(self.running[i].req.id)
-                    .expect("live")
-                    .table
-                    .clone()
-            })
+            .map(|&(i, _)| self.running[i].req.id)
+            .chain(fillers.iter().map(|f| f.id))
+            .map(|id| self.blocks.seq(id).expect("live").table.clone())
             .collect();
         let chunks: Vec<SeqChunk> = plan
             .iter()
             .zip(&tokens)
+            .map(|(&(i, _), t)| (t.as_slice(), self.running[i].computed))
+            .chain(fillers.iter().map(|f| (f.tokens.as_slice(), 0)))
             .zip(&tables)
-            .map(|((&(i, _), t), table)| SeqChunk {
+            .map(|((t, start), table)| SeqChunk {
                 tokens: t,
-                start: self.running[i].computed,
+                start,
                 table,
                 all_logits: false,
                 tree: None,
             })
             .collect();
         let logits = self.model.forward(&mut self.kv, &chunks)?;
+        for f in &fillers {
+            self.blocks.free(f.id);
+        }
         let run_tokens: usize = plan.iter().map(|p| p.1).sum();
         let seconds = started.elapsed().as_secs_f64();
         let now = self.clock + seconds;
@@ -455,11 +737,12 @@ impl<'m> Engine<'m> {
                 continue; // a prompt chunk: no token yet
             }
             let next = s.sampler.sample(l);
+            s.generated.push(next);
             if s.idle {
-                s.generated.push(next); // padding work of a static batch, discarded
+                self.padding.decode += 1; // padding work of a static batch, discarded
                 continue;
             }
-            s.generated.push(next);
+            s.token_times.push(now);
             s.first_token.get_or_insert(now);
             let stop = Some(next) == s.req.eos
                 || s.generated.len() >= s.req.max_new
@@ -479,12 +762,12 @@ impl<'m> Engine<'m> {
                 first_token: s.first_token.expect("a token"),
                 done: now,
                 preemptions: s.preemptions,
+                token_times: std::mem::take(&mut s.token_times),
             });
             s.idle = true;
         }
         // Continuous: finished sequences leave at once. Static/dynamic: when all are done.
-        let continuous = matches!(self.cfg.mode, BatchingMode::Continuous { .. });
-        if continuous || self.running.iter().all(|s| s.idle) {
+        if self.cfg.mode.continuous() || self.running.iter().all(|s| s.idle) {
             let blocks = &mut self.blocks;
             self.running.retain(|s| {
                 if s.idle {
@@ -497,9 +780,15 @@ impl<'m> Engine<'m> {
             clock: now,
             seconds,
             running: self.running.len(),
-            tokens: run_tokens,
+            tokens: run_tokens + fillers.iter().map(|f| f.tokens.len()).sum::<usize>(),
             kv: self.blocks.stats(),
         });
         Ok(())
     }
+}
+
+/// The `p` quantile of `v` (nearest rank on (n − 1)·p).
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
 }

@@ -56,7 +56,7 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ("budget_tokens", "KV slots of the budget (one value)"),
     (
         "max_new",
-        "most output tokens per request; contiguous reserves prompt + this",
+        "most output tokens per request; contiguous reserves prompt + this (swept)",
     ),
     ("requests", "requests queued at once"),
     ("prompt_mean", "mean prompt tokens (log-normal, sigma 1)"),
@@ -112,7 +112,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         "a positive integer",
         |n: usize| n > 0,
     )?;
-    let max_new = g.one("max_new", "1024", "a positive integer", |n: usize| n > 0)?;
+    let max_news = g.counts("max_new", &["1024"])?;
+    // max_new is a key of the point only when it is swept (older specs keep their keys).
+    let swept_max_new = max_news.len() > 1;
     let requests = g.one("requests", "1000", "a positive integer", |n: usize| n > 0)?;
     let prompt_mean = g.one("prompt_mean", "161", "a mean ≥ 1", |x: f64| x >= 1.0)?;
     let output_mean = g.one("output_mean", "338", "a mean ≥ 1", |x: f64| x >= 1.0)?;
@@ -127,23 +129,31 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     // One request must fit with the paged allocator's 1% watermark and a block of rounding
     // per part to spare.
     let largest_block = block_sizes.iter().copied().max().unwrap_or(1);
+    let largest_new = max_news.iter().copied().max().unwrap_or(1);
     if let Some(s) = systems
         .iter()
-        .find(|&&s| (s + max_prompt + max_new + 2 * largest_block) * 100 > budget * 98)
+        .find(|&&s| (s + max_prompt + largest_new + 2 * largest_block) * 100 > budget * 98)
     {
         return Err(HarnessError::Usage(format!(
-            "budget_tokens {budget} cannot hold one request of {s} + {max_prompt} + {max_new} tokens with room to spare"
+            "budget_tokens {budget} cannot hold one request of {s} + {max_prompt} + {largest_new} tokens with room to spare"
         )));
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
-    let bar = run.progress_bar(systems.len() * names.len() * block_sizes.len());
-    for &system in &systems {
+    let bar = run.progress_bar(max_news.len() * systems.len() * names.len() * block_sizes.len());
+    for (&max_new, &system) in max_news
+        .iter()
+        .flat_map(|m| systems.iter().map(move |s| (m, s)))
+    {
         let key = |name: &str, bs: usize| {
-            PointKey::of(&[
+            let mut parts: Vec<(&str, &dyn std::fmt::Display)> = vec![
                 ("system_prompt", &system),
                 ("allocator", &name),
                 ("block_size", &bs),
-            ])
+            ];
+            if swept_max_new {
+                parts.push(("max_new", &max_new));
+            }
+            PointKey::of(&parts)
         };
         let mut keys = names
             .iter()
@@ -288,21 +298,22 @@ pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Re
 
 /// The markdown table of a kv_alloc run.
 pub fn tables(rows: &[KvAllocRow]) -> String {
-    let mut md = String::from("## Allocation under one KV budget\n\n| allocator | block | system prompt | mean running | max running | fragmentation % | utilisation % | sharing × | mean / p99 latency (steps) | preemptions | throughput vs contiguous |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Allocation under one KV budget\n\n| allocator | block | max_new | system prompt | mean running | max running | fragmentation % | utilisation % | sharing × | mean / p99 latency (steps) | preemptions | throughput vs contiguous |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut seen = std::collections::BTreeSet::new();
     for r in rows {
-        if r.allocator == "contiguous" && !seen.insert(r.system_prompt) {
+        if r.allocator == "contiguous" && !seen.insert((r.system_prompt, r.max_new)) {
             continue; // the same simulation, repeated per block size for the plot
         }
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.2} | {:.0} / {:.0} | {} | {:.2}× |",
+            "| {} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.2} | {:.0} / {:.0} | {} | {:.2}× |",
             r.allocator,
             if r.allocator == "contiguous" {
                 "–".to_string()
             } else {
                 r.block_size.to_string()
             },
+            r.max_new,
             r.system_prompt,
             r.mean_running,
             r.max_running,

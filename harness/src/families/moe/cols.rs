@@ -70,6 +70,10 @@ pub struct MoeCols {
     pub imbalance: f64,
     /// Share of routed assignments taken by the busiest ⌈20%⌉ of experts (C14).
     pub top20_share: f64,
+    /// The same for exactly a fifth of the experts: the busiest ⌊E/5⌋ and the fraction
+    /// E/5 − ⌊E/5⌋ of the next (⌈20%⌉ of 8 experts is 25%). Empty in runs before it.
+    #[serde(default)]
+    pub top_fifth_share: Option<f64>,
     /// Switch's N·Σ f_i·P_i (1 when balanced).
     pub balance_loss: f64,
     /// Relative L2 distance of the whole output (every token) from the same convention

@@ -118,6 +118,20 @@ fn layer_bytes(layer: &Layer, conventions: &[MoeConfig]) -> (u64, String) {
     (total, what)
 }
 
+/// The share of all routed assignments taken by the busiest fifth of the experts, counting
+/// the expert at the boundary by the fraction of it inside the fifth.
+fn fifth_share(routed: &[usize]) -> f64 {
+    let mut sorted = routed.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let fifth = sorted.len() as f64 / 5.0;
+    let whole = fifth.floor() as usize;
+    let top: usize = sorted[..whole].iter().sum();
+    let part = sorted
+        .get(whole)
+        .map_or(0.0, |&n| (fifth - whole as f64) * n as f64);
+    (top as f64 + part) / sorted.iter().sum::<usize>().max(1) as f64
+}
+
 impl Point<'_> {
     /// The columns of a row of this point for storage `dtype`, timing `flops`.
     fn cols(&self, layer: &Layer, dtype: DType, flops: u64) -> MoeCols {
@@ -139,6 +153,7 @@ impl Point<'_> {
             experts_per_token: Some(s.experts_per_token),
             imbalance: s.imbalance,
             top20_share: s.top20_share,
+            top_fifth_share: Some(fifth_share(&s.routed)),
             balance_loss: s.balance_loss,
             out_rel_err_vs_dropless: None,
             rel_l2_err: None,
@@ -378,4 +393,19 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, render)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fifth_share;
+
+    #[test]
+    fn a_fifth_of_the_experts_counts_the_boundary_expert_by_its_fraction() {
+        // 8 experts: the busiest and 0.6 of the second.
+        let got = fifth_share(&[6, 10, 4, 0, 0, 0, 0, 0]);
+        assert!((got - (10.0 + 0.6 * 6.0) / 20.0).abs() < 1e-12, "{got}");
+        assert!((fifth_share(&[1; 10]) - 0.2).abs() < 1e-12);
+        assert!((fifth_share(&[1, 3]) - 0.4 * 3.0 / 4.0).abs() < 1e-12);
+        assert_eq!(fifth_share(&[0, 0, 0, 0, 0]), 0.0);
+    }
 }

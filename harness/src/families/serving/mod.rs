@@ -1,10 +1,17 @@
-//! `harness exp` for the serving family (claims C23, C25): static vs dynamic vs continuous
-//! batching (`models::serve::scheduler`) on a real model and a preset, under Poisson arrivals at
-//! several offered loads. Load is relative: each model is first run with every request queued
-//! at once under continuous batching, which gives its saturated capacity (requests/s) on this
-//! machine; the rates are fractions and multiples of it. Step times are measured, the clock
-//! between steps is virtual (no idle waiting), every request generates its drawn output length
-//! greedily. Reported: throughput, TTFT and TPOT p50/p99, latency, batch size, preemptions.
+//! `harness exp` for the serving family (claims C23, C25, C26): batching modes
+//! (`models::serve::scheduler`: static, dynamic, continuous, its prefill-first ablation,
+//! padded static batches FIFO or length-sorted) on a real model and a preset, under Poisson
+//! arrivals at several offered loads, optionally with the latency objective that pauses long
+//! sequences. Load is relative: each model is first run with every request queued at once
+//! under continuous batching, which gives its saturated capacity (requests/s) and its median
+//! step time on this machine; rates are fractions and multiples of the capacity, objectives
+//! multiples of the step time. Step times are measured, the clock between steps is virtual (no
+//! idle waiting), every request generates its drawn output length greedily. Reported:
+//! throughput, TTFT / TPOT / latency percentiles, inter-token gaps and the share within the
+//! objective, batch size, preemptions, pauses, padding.
+
+/// The row columns and their summary of a run.
+pub mod cols;
 
 use crate::error::{HarnessError, Result};
 use crate::family::{listed, one_of, ExpFamily, Family};
@@ -14,10 +21,11 @@ use crate::row::{Head, Row};
 use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
+use cols::{percentile, summarise, tables, ServingCols};
+use models::serve::scheduler::SloPolicy;
 use models::serve::workload::Workload;
-use models::{load, BatchingMode, Engine, Finished, LoadOptions, SchedulerConfig};
-use serde::{Deserialize, Serialize};
-use std::fmt::Write as _;
+use models::{load, BatchingMode, Engine, LoadOptions, SchedulerConfig};
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -50,7 +58,15 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ),
     (
         "mode",
-        "static | dynamic:<window ms> | continuous | continuous-chunked",
+        "static | dynamic:<window ms> | continuous | continuous-chunked | continuous-prefill-first | static-padded | static-sorted",
+    ),
+    (
+        "preempt",
+        "off | slo (pause sequences > 2x the batch mean while the step-time p95 breaks the objective)",
+    ),
+    (
+        "slo",
+        "the latency objective as a multiple of the saturated run's median step time",
     ),
     (
         "load",
@@ -66,76 +82,9 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ("kv_blocks", "KV blocks in the pool"),
 ];
 
-/// One model × mode × load. Column names are stable.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct ServingCols {
-    pub model: String,
-    pub mode: String,
-    /// Offered rate / saturated capacity.
-    pub load: f64,
-    pub rate_rps: f64,
-    pub capacity_rps: f64,
-    pub requests: usize,
-    pub max_batch: usize,
-    pub token_budget: usize,
-    pub generated_tokens: usize,
-    pub throughput_tok_s: f64,
-    pub completed_rps: f64,
-    pub ttft_p50_ms: f64,
-    pub ttft_p99_ms: f64,
-    pub tpot_p50_ms: f64,
-    pub tpot_p99_ms: f64,
-    pub latency_mean_ms: f64,
-    /// Time-weighted mean of running sequences.
-    pub mean_batch: f64,
-    pub preemptions: usize,
-    pub steps: usize,
-    /// Real seconds the run took (step times summed).
-    pub busy_s: f64,
-}
-
-/// A row: the shared head, these columns, the note.
-pub type ServingRow = Row<ServingCols>;
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-struct Summary {
-    throughput: f64,
-    completed_rps: f64,
-    ttft: (f64, f64),
-    tpot: (f64, f64),
-    latency: f64,
-    generated: usize,
-    makespan: f64,
-}
-
-fn summarise(done: &[Finished]) -> Summary {
-    let start = done.iter().map(|f| f.arrival).fold(f64::INFINITY, f64::min);
-    let end = done.iter().map(|f| f.done).fold(0.0, f64::max);
-    let generated: usize = done.iter().map(|f| f.generated.len()).sum();
-    let mut ttft: Vec<f64> = done.iter().map(|f| f.ttft() * 1e3).collect();
-    let mut tpot: Vec<f64> = done
-        .iter()
-        .filter_map(|f| f.tpot())
-        .map(|t| t * 1e3)
-        .collect();
-    let makespan = end - start;
-    Summary {
-        throughput: generated as f64 / makespan,
-        completed_rps: done.len() as f64 / makespan,
-        ttft: (percentile(&mut ttft, 0.5), percentile(&mut ttft, 0.99)),
-        tpot: (percentile(&mut tpot, 0.5), percentile(&mut tpot, 0.99)),
-        latency: done.iter().map(|f| (f.done - f.arrival) * 1e3).sum::<f64>() / done.len() as f64,
-        generated,
-        makespan,
-    }
-}
+/// Steps the objective's p95 is taken over, and the length factor of a long sequence.
+const SLO_WINDOW: usize = 32;
+const SLO_FACTOR: f64 = 2.0;
 
 /// Runs a serving experiment.
 pub fn run(req: &ExpRequest) -> Result<i32> {
@@ -153,6 +102,31 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let loads = g.parsed("load", &["0.5", "1.0", "1.5"], "a load > 0", |x: f64| {
         x > 0.0
     })?;
+    // The objective's axes are keys of the point only when the grid names them (older
+    // batching specs keep their point keys).
+    let with_slo = grid.contains_key("preempt") || grid.contains_key("slo");
+    let preempts = g.strings("preempt", &["off"]);
+    if let Some(p) = preempts
+        .iter()
+        .find(|p| !["off", "slo"].contains(&p.as_str()))
+    {
+        return Err(HarnessError::Usage(format!(
+            "preempt '{p}' is not off or slo"
+        )));
+    }
+    let slos: Vec<Option<f64>> = if with_slo {
+        g.parsed(
+            "slo",
+            &["2"],
+            "a multiple > 0 of the step time",
+            |x: f64| x > 0.0 && x.is_finite(),
+        )?
+        .into_iter()
+        .map(Some)
+        .collect()
+    } else {
+        vec![None]
+    };
     let requests = g.one("requests", "48", "a positive integer", |n: usize| n > 0)?;
     let prompt_mean = g.one("prompt_mean", "48", "a mean ≥ 1", |x: f64| x >= 1.0)?;
     let output_mean = g.one("output_mean", "48", "a mean ≥ 1", |x: f64| x >= 1.0)?;
@@ -201,55 +175,82 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         }
         loaded.push((name, model, over));
     }
+    let mut points = vec![];
+    for &load in &loads {
+        for (label, mode) in &modes {
+            for p in &preempts {
+                for &slo in &slos {
+                    points.push((load, label.clone(), *mode, p.clone(), slo));
+                }
+            }
+        }
+    }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
-    let bar = run.progress_bar(model_names.len() * (1 + modes.len() * loads.len()));
+    let bar = run.progress_bar(model_names.len() * (1 + points.len()));
     for (name, model, over) in &loaded {
-        let key = |load: f64, mode: &str| {
-            PointKey::of(&[("model", name), ("load", &load), ("mode", &mode)])
+        let key = |load: f64, mode: &str, preempt: &str, slo: Option<f64>| match slo {
+            Some(x) if with_slo => PointKey::of(&[
+                ("model", name),
+                ("load", &load),
+                ("mode", &mode),
+                ("preempt", &preempt),
+                ("slo", &x),
+            ]),
+            _ => PointKey::of(&[("model", name), ("load", &load), ("mode", &mode)]),
         };
-        let mut keys = loads
+        if !points
             .iter()
-            .flat_map(|&load| modes.iter().map(move |(mode, _)| (load, mode)));
-        if !keys.any(|(load, mode)| run.owns(&key(load, mode))) {
+            .any(|(l, m, _, p, s)| run.owns(&key(*l, m, p, *s)))
+        {
             continue;
         }
+        let run_id = run.run_id.clone();
+        let head = |status: &str| Head {
+            status: status.into(),
+            ..Head::new(
+                &run_id,
+                &spec.name,
+                "engine",
+                &opts.device.to_string(),
+                opts.seed,
+            )
+        };
         if let Some(note) = over {
             bar.inc(1);
-            for &load in &loads {
-                for (label, _) in &modes {
-                    if !run.owns(&key(load, label)) {
-                        continue;
-                    }
-                    let row = Row {
-                        head: Head {
-                            status: "skipped".into(),
-                            ..Head::new(
-                                &run.run_id,
-                                &spec.name,
-                                "engine",
-                                &opts.device.to_string(),
-                                opts.seed,
-                            )
-                        },
-                        cols: ServingCols {
-                            model: name.to_string(),
-                            mode: label.clone(),
-                            load,
-                            requests,
-                            max_batch,
-                            token_budget,
-                            ..ServingCols::default()
-                        },
-                        note: note.clone(),
-                    };
-                    run.write_point(&key(load, label), [&row])?;
-                    bar.inc(1);
+            for (load, label, _, preempt, slo) in &points {
+                let k = key(*load, label, preempt, *slo);
+                if !run.owns(&k) {
+                    continue;
                 }
+                let row = Row {
+                    head: head("skipped"),
+                    cols: ServingCols {
+                        model: name.to_string(),
+                        mode: label.clone(),
+                        load: *load,
+                        preempt: preempt.clone(),
+                        slo: *slo,
+                        requests,
+                        max_batch,
+                        token_budget,
+                        ..ServingCols::default()
+                    },
+                    note: note.clone(),
+                };
+                run.write_point(&k, [&row])?;
+                bar.inc(1);
             }
             continue;
         }
-        let serve = |mode, rate: f64| -> Result<(Engine, f64)> {
+        let serve = |mode, rate: f64, slo: Option<f64>| -> Result<(Engine, f64)> {
             let mut e = Engine::new(model, cfg(mode))?;
+            if let Some(objective_s) = slo {
+                e = e.with_slo(SloPolicy {
+                    objective_s,
+                    window: SLO_WINDOW,
+                    factor: SLO_FACTOR,
+                })?;
+            }
             e.submit(workload(rate, model.cfg.vocab).requests())?;
             let t = Instant::now();
             e.run(|_| {})?;
@@ -261,62 +262,88 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 chunked_prefill: false,
             },
             0.0,
+            None,
         )?;
-        let capacity = summarise(&burst.finished).completed_rps;
+        let capacity = summarise(&burst.finished, None).completed_rps;
+        let mut step_times: Vec<f64> = burst.steps.iter().map(|s| s.seconds).collect();
+        let step_median = percentile(&mut step_times, 0.5);
         bar.inc(1);
-        for &load in &loads {
-            for (label, mode) in &modes {
-                if !run.owns(&key(load, label)) {
-                    continue;
-                }
-                bar.set_message(format!("{name} {label} load {load}"));
-                let rate = load * capacity;
-                let (e, busy) = serve(*mode, rate)?;
-                let s = summarise(&e.finished);
-                let time: f64 = e.steps.iter().map(|st| st.seconds).sum();
-                let weighted: f64 = e
-                    .steps
-                    .iter()
-                    .map(|st| st.seconds * (st.running as f64))
-                    .sum();
-                let row = Row {
-                    head: Head {
-                        status: if s.makespan > 0.0 { "ok" } else { "fail" }.into(),
-                        ..Head::new(
-                            &run.run_id,
-                            &spec.name,
-                            "engine",
-                            &opts.device.to_string(),
-                            opts.seed,
-                        )
-                    },
-                    cols: ServingCols {
-                        model: name.to_string(),
-                        mode: label.clone(),
-                        load,
-                        rate_rps: rate,
-                        capacity_rps: capacity,
-                        requests,
-                        max_batch,
-                        token_budget,
-                        generated_tokens: s.generated,
-                        throughput_tok_s: s.throughput,
-                        completed_rps: s.completed_rps,
-                        ttft_p50_ms: s.ttft.0,
-                        ttft_p99_ms: s.ttft.1,
-                        tpot_p50_ms: s.tpot.0,
-                        tpot_p99_ms: s.tpot.1,
-                        latency_mean_ms: s.latency,
-                        mean_batch: weighted / time.max(1e-12),
-                        preemptions: e.preemptions,
-                        steps: e.steps.len(),
-                        busy_s: busy,
-                    },
-                    note: String::new(),
-                };
-                run.write_point(&key(load, label), [&row])?;
-                bar.inc(1);
+        // A run without preemption does not depend on the objective: run once, judge per slo.
+        let mut plain: HashMap<(String, u64), (Engine, f64)> = HashMap::new();
+        for (load, label, mode, preempt, slo) in &points {
+            let k = key(*load, label, preempt, *slo);
+            if !run.owns(&k) {
+                continue;
             }
+            bar.set_message(format!("{name} {label} load {load} preempt {preempt}"));
+            let rate = load * capacity;
+            let objective = slo.map(|x| x * step_median);
+            let fresh;
+            let (e, busy) = if preempt == "slo" {
+                fresh = serve(*mode, rate, objective)?;
+                (&fresh.0, fresh.1)
+            } else {
+                let id = (label.clone(), load.to_bits());
+                if !plain.contains_key(&id) {
+                    plain.insert(id.clone(), serve(*mode, rate, None)?);
+                }
+                let (e, busy) = &plain[&id];
+                (e, *busy)
+            };
+            let s = summarise(&e.finished, objective);
+            let time: f64 = e.steps.iter().map(|st| st.seconds).sum();
+            let weighted: f64 = e
+                .steps
+                .iter()
+                .map(|st| st.seconds * (st.running as f64))
+                .sum();
+            let all_tokens: usize = e.steps.iter().map(|st| st.tokens).sum();
+            let padded = e.padding.prefill + e.padding.decode;
+            let row = Row {
+                head: head(if s.makespan > 0.0 { "ok" } else { "fail" }),
+                cols: ServingCols {
+                    model: name.to_string(),
+                    mode: label.clone(),
+                    load: *load,
+                    preempt: preempt.clone(),
+                    slo: *slo,
+                    slo_ms: objective.map(|o| o * 1e3),
+                    step_median_ms: Some(step_median * 1e3),
+                    rate_rps: rate,
+                    capacity_rps: capacity,
+                    requests,
+                    max_batch,
+                    token_budget,
+                    generated_tokens: s.generated,
+                    throughput_tok_s: s.throughput,
+                    completed_rps: s.completed_rps,
+                    ttft_p50_ms: s.ttft[0],
+                    ttft_p95_ms: Some(s.ttft[1]),
+                    ttft_p99_ms: s.ttft[2],
+                    tpot_p50_ms: s.tpot[0],
+                    tpot_p95_ms: Some(s.tpot[1]),
+                    tpot_p99_ms: s.tpot[2],
+                    latency_mean_ms: s.latency_mean,
+                    latency_p95_ms: Some(s.latency[0]),
+                    latency_p99_ms: Some(s.latency[1]),
+                    itl_p95_ms: Some(s.itl_p95),
+                    slo_attainment: s.attainment,
+                    mean_batch: weighted / time.max(1e-12),
+                    preemptions: e.preemptions,
+                    pauses: Some(e.pauses),
+                    padding_pct: Some(100.0 * padded as f64 / all_tokens.max(1) as f64),
+                    prompt_padding_pct: Some({
+                        let prompts: usize = e.finished.iter().map(|f| f.prompt_len).sum();
+                        let pad = e.padding.prefill as f64;
+                        100.0 * pad / (pad + prompts as f64).max(1.0)
+                    }),
+                    steps: e.steps.len(),
+                    busy_s: busy,
+                },
+                note: String::new(),
+            };
+            run.write_point(&k, [&row])?;
+            bar.inc(1);
         }
     }
     bar.finish_and_clear();
@@ -356,29 +383,4 @@ fn engine_over_budget(
 /// This family's `RenderFn`.
 pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
     report::<ServingCols>(spec, csv, prov, |_, rows| tables(rows))
-}
-
-/// The markdown table of a serving run.
-pub fn tables(rows: &[ServingRow]) -> String {
-    let mut md = String::from("## Batching modes under Poisson arrivals\n\n| model | load | rate req/s | mode | tokens/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | mean latency ms | mean batch | preemptions |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    for r in rows {
-        let _ = writeln!(
-            md,
-            "| {} | {:.2} | {:.2} | {} | {:.1} | {:.0} / {:.0} | {:.1} / {:.1} | {:.0} | {:.2} | {} |",
-            r.model,
-            r.load,
-            r.rate_rps,
-            r.mode,
-            r.throughput_tok_s,
-            r.ttft_p50_ms,
-            r.ttft_p99_ms,
-            r.tpot_p50_ms,
-            r.tpot_p99_ms,
-            r.latency_mean_ms,
-            r.mean_batch,
-            r.preemptions
-        );
-    }
-    md.push('\n');
-    md
 }

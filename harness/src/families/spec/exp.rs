@@ -1,9 +1,13 @@
 //! `harness exp` for the spec family (claims C21, C22): speculative decoding on a real model
 //! over drafters × tree shapes × temperatures × prompt kinds. For each (drafter, prompt,
-//! temperature) plain decoding runs first in the same process, then every tree shape; a row
-//! holds acceptance (accepted / drafted depth), tokens per target pass, the draft/verify time
-//! split, tokens/s and the speed-up over plain decoding. Greedy rows must reproduce plain
-//! greedy output token for token (status fail otherwise).
+//! temperature) plain decoding runs first in the same process, then every tree shape, the
+//! whole round repeated `reps` times (the spec's `reps`, default 1); a row holds acceptance
+//! (accepted / drafted depth), tokens per target pass, the draft/verify time split, tokens/s,
+//! the speed-up over plain decoding (median over the repetitions, with p10 and p90), and the
+//! cost model of Leviathan et al.: a round's verify pass and whole cost in plain decode steps,
+//! the draft's speed against the target's, and the break-even acceptance — the acceptance at
+//! which a round's 1 + acceptance × drafted tokens repay its cost. Greedy rows must reproduce
+//! plain greedy output token for token (status fail otherwise).
 
 use crate::error::{HarnessError, Result};
 use crate::model_source::drafter;
@@ -54,6 +58,27 @@ pub struct SpecCols {
     pub verify_ms: f64,
     /// draft / (draft + verify)
     pub draft_share: f64,
+    /// p10 and p90 of the per-repetition speed-ups (`speedup` is their median).
+    #[serde(default)]
+    pub speedup_p10: Option<f64>,
+    #[serde(default)]
+    pub speedup_p90: Option<f64>,
+    /// Draft depth proposed per round.
+    #[serde(default)]
+    pub drafted_per_pass: Option<f64>,
+    /// One round's verify pass, and the whole round (draft + verify), in plain decode steps
+    /// (plain decoding's time per token after the first in the same run: its time for
+    /// `max_new` tokens less its time for the prompt and one token).
+    #[serde(default)]
+    pub verify_steps: Option<f64>,
+    #[serde(default)]
+    pub pass_steps: Option<f64>,
+    /// How many times faster the draft proposes a level than the target decodes a token.
+    #[serde(default)]
+    pub draft_vs_target: Option<f64>,
+    /// (pass_steps − 1) / drafted_per_pass: below it speculation loses to plain decoding.
+    #[serde(default)]
+    pub breakeven_acceptance: Option<f64>,
 }
 
 /// A row: the shared head, these columns, the note.
@@ -152,6 +177,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         prompt_text(p)?;
     }
     let max_new = g.one("max_new", "48", "a positive integer", |n: usize| n > 0)?;
+    let reps = spec.reps.unwrap_or(1).max(1);
     let adaptive: Vec<bool> = g
         .strings("adaptive", &["off"])
         .iter()
@@ -275,30 +301,69 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     continue;
                 }
             };
-            bar.set_message(format!("{d} T={temp} {p}: plain"));
-            let t0 = Instant::now();
-            let plain = generate_plain(target, ids, max_new, None, sampler)?;
-            let plain_s = t0.elapsed().as_secs_f64();
-            for (shape, &adapt) in trees
+            let shapes: Vec<(&TreeShape, bool)> = trees
                 .iter()
-                .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
-            {
-                bar.set_message(format!("{d} T={temp} {p}: {}", shape.label()));
-                let cfg = SpecConfig {
-                    shape: shape.clone(),
-                    adaptive: adapt,
-                    threshold: 0.7,
-                    sampler,
-                };
+                .flat_map(|t| adaptive.iter().map(move |&a| (t, a)))
+                .collect();
+            let mut plain_s = vec![];
+            let mut first_s = vec![];
+            let mut spec_s = vec![vec![]; shapes.len()];
+            let mut plain = vec![];
+            let mut outs = vec![None; shapes.len()];
+            for rep in 0..reps {
+                bar.set_message(format!("{d} T={temp} {p}: plain ({}/{reps})", rep + 1));
                 let t0 = Instant::now();
-                let out = generate(target, drafter.as_mut(), ids, max_new, None, &cfg)?;
-                let spec_s = t0.elapsed().as_secs_f64();
+                plain = generate_plain(target, ids, max_new, None, sampler)?;
+                plain_s.push(t0.elapsed().as_secs_f64());
+                // The prompt and the first token alone: the rest is plain decoding's steps.
+                let t0 = Instant::now();
+                generate_plain(target, ids, 1, None, sampler)?;
+                first_s.push(t0.elapsed().as_secs_f64());
+                for (i, (shape, adapt)) in shapes.iter().enumerate() {
+                    bar.set_message(format!(
+                        "{d} T={temp} {p}: {} ({}/{reps})",
+                        shape.label(),
+                        rep + 1
+                    ));
+                    let cfg = SpecConfig {
+                        shape: (*shape).clone(),
+                        adaptive: *adapt,
+                        threshold: 0.7,
+                        sampler,
+                    };
+                    let t0 = Instant::now();
+                    let out = generate(target, drafter.as_mut(), ids, max_new, None, &cfg)?;
+                    spec_s[i].push(t0.elapsed().as_secs_f64());
+                    outs[i] = Some(out);
+                }
+            }
+            for (i, (shape, adapt)) in shapes.iter().enumerate() {
+                let out = outs[i].take().expect("at least one repetition");
                 let st = &out.stats;
                 let ok = temp > 0.0 || out.tokens == plain;
                 failures += usize::from(!ok);
+                let mut speedups: Vec<f64> = plain_s
+                    .iter()
+                    .zip(&spec_s[i])
+                    .map(|(p, s)| p / s * out.tokens.len() as f64 / plain.len() as f64)
+                    .collect();
+                speedups.sort_by(f64::total_cmp);
+                let q = |p: f64| speedups[((speedups.len() - 1) as f64 * p).round() as usize];
+                let spec_median = median(&spec_s[i]);
+                let mut steps: Vec<f64> = plain_s
+                    .iter()
+                    .zip(&first_s)
+                    .map(|(all, first)| (all - first) / plain.len().saturating_sub(1).max(1) as f64)
+                    .collect();
+                steps.sort_by(f64::total_cmp);
+                let step_s = steps[steps.len() / 2];
+                let rounds = st.rounds.max(1) as f64;
+                let drafted = st.drafted_depth as f64 / rounds;
+                let pass_steps = (st.draft_s + st.verify_s) / rounds / step_s;
                 rows.push(Row {
                     head: Head {
                         status: if ok { "ok" } else { "fail" }.into(),
+                        reps,
                         ..Head::new(
                             &run.run_id,
                             &spec.name,
@@ -308,22 +373,30 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         )
                     },
                     cols: SpecCols {
-                        adaptive: adapt,
+                        adaptive: *adapt,
                         mean_depth_limit: st.depths.iter().sum::<usize>() as f64
                             / st.depths.len().max(1) as f64,
                         temperature: temp,
                         prompt: p.to_string(),
                         new_tokens: out.tokens.len(),
-                        plain_tok_s: plain.len() as f64 / plain_s,
-                        spec_tok_s: out.tokens.len() as f64 / spec_s,
-                        speedup: plain_s / spec_s * out.tokens.len() as f64 / plain.len() as f64,
+                        plain_tok_s: plain.len() as f64 / median(&plain_s),
+                        spec_tok_s: out.tokens.len() as f64 / spec_median,
+                        speedup: speedups[speedups.len() / 2],
                         acceptance_rate: st.acceptance_rate(),
                         tokens_per_pass: st.tokens_per_pass(),
                         target_passes: st.rounds,
-                        nodes_per_pass: st.nodes_scored as f64 / st.rounds.max(1) as f64,
+                        nodes_per_pass: st.nodes_scored as f64 / rounds,
                         draft_ms: st.draft_s * 1e3,
                         verify_ms: st.verify_s * 1e3,
                         draft_share: st.draft_s / (st.draft_s + st.verify_s).max(1e-12),
+                        speedup_p10: Some(q(0.1)),
+                        speedup_p90: Some(q(0.9)),
+                        drafted_per_pass: Some(drafted),
+                        verify_steps: Some(st.verify_s / rounds / step_s),
+                        pass_steps: Some(pass_steps),
+                        draft_vs_target: (st.draft_s > 0.0 && st.drafted_depth > 0)
+                            .then(|| step_s / (st.draft_s / st.drafted_depth as f64)),
+                        breakeven_acceptance: (drafted > 0.0).then(|| (pass_steps - 1.0) / drafted),
                         ..shape_cols(&model_name, d, shape)
                     },
                     note: String::new(),
@@ -337,6 +410,13 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     run.finish(spec, opts.format, failures, render)
 }
 
+/// The median of a few timings.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// This family's `RenderFn`.
 pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Rendered> {
     report::<SpecCols>(spec, csv, prov, |_, rows| tables(rows))
@@ -344,11 +424,12 @@ pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Re
 
 /// The markdown table of a spec run.
 pub fn tables(rows: &[SpecRow]) -> String {
-    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n| drafter | tree | adaptive (mean depth) | T | prompt | acceptance | tokens/pass | nodes/pass | draft share | plain tok/s | spec tok/s | speed-up | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n| drafter | tree | adaptive (mean depth) | T | prompt | acceptance | break-even acceptance | tokens/pass | nodes/pass | verify / round (decode steps) | draft × faster | draft share | plain tok/s | spec tok/s | speed-up (p10–p90) | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("–".to_string(), f);
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.0}% | {:.2} | {:.1} | {:.0}% | {:.1} | {:.1} | {:.2}× | {} |",
+            "| {} | {} | {} | {} | {} | {:.0}% | {} | {:.2} | {:.1} | {} / {} | {} | {:.0}% | {:.1} | {:.1} | {:.2}× ({}) | {} |",
             r.drafter,
             r.tree,
             if r.adaptive {
@@ -359,12 +440,20 @@ pub fn tables(rows: &[SpecRow]) -> String {
             r.temperature,
             r.prompt,
             100.0 * r.acceptance_rate,
+            opt(r.breakeven_acceptance, &|a| format!("{:.0}%", 100.0 * a)),
             r.tokens_per_pass,
             r.nodes_per_pass,
+            opt(r.verify_steps, &|v| format!("{v:.2}")),
+            opt(r.pass_steps, &|v| format!("{v:.2}")),
+            opt(r.draft_vs_target, &|v| format!("{v:.1}")),
             100.0 * r.draft_share,
             r.plain_tok_s,
             r.spec_tok_s,
             r.speedup,
+            match (r.speedup_p10, r.speedup_p90) {
+                (Some(a), Some(b)) => format!("{a:.2}–{b:.2}"),
+                _ => "–".into(),
+            },
             r.head.status
         );
     }
