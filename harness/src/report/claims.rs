@@ -404,7 +404,12 @@ mod tests {
         };
         let quoted = shared_claims(&text);
         for c in &decl.claim {
-            assert_eq!(normal(&c.claim), quoted[&c.id], "{} is not quoted as written", c.id);
+            assert_eq!(
+                normal(&c.claim),
+                quoted[&c.id],
+                "{} is not quoted as written",
+                c.id
+            );
         }
     }
 
