@@ -63,7 +63,8 @@ pub struct PerplexityArgs {
     /// divergence and top-1 agreement of this run against it.
     #[arg(long, value_name = "FILE")]
     pub reference_logits: Option<PathBuf>,
-    /// Write the text's token ids (a JSON array) here, to score the same tokens elsewhere.
+    /// Write the text's token ids (a JSON array) here, to score the same tokens elsewhere
+    /// (BOS first where the file asks for one, as llama-perplexity tokenizes the text).
     #[arg(long, value_name = "FILE")]
     pub save_tokens: Option<PathBuf>,
     /// Score these token ids (a JSON array, as --save-tokens or `llama-tokenize --ids` write
@@ -184,7 +185,8 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
                     loaded.tokenizer_note.as_deref().unwrap_or("a preset")
                 ))
             })?;
-            tokenizer.encode(&text.content)?
+            // The stream as llama-perplexity tokenizes it: BOS first where the file asks.
+            tokenizer.prompt_ids(&text.content)?
         }
     };
     let weights_line = crate::model_source::weights_line(&model);
