@@ -206,7 +206,7 @@ pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityR
     let wins = windows(tokens.len(), ctx, stride, a.chunks).map_err(HarnessError::Usage)?;
     // llama-perplexity's chunks start with BOS where the file asks for one (Gemma's).
     let tokens = if stride == ctx {
-        models::eval::perplexity::with_bos_per_chunk(&tokens, &wins, bos)
+        models::eval::perplexity::with_bos_per_chunk(tokens, &wins, bos)
     } else {
         tokens
     };

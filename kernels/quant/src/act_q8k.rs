@@ -25,9 +25,8 @@ pub fn quantize(x: &[f32]) -> Q8KActivation {
         bsum: Vec::with_capacity(n * 8),
     };
     for block in x.chunks_exact(SUPER) {
-        let (d, q, sums) = q8_k::quantize(block);
-        let finite = block.iter().all(|v| v.is_finite());
-        act.d.push(if finite { d } else { f32::NAN });
+        let (d, q, sums) = q8_k::quantize_activation(block);
+        act.d.push(d);
         act.q.extend_from_slice(&q);
         act.bsum
             .extend((0..8).map(|j| sums[2 * j].wrapping_add(sums[2 * j + 1])));

@@ -32,15 +32,14 @@ pub struct Window {
 /// for a model that expects BOS (`tokens[batch_start] = bos` per chunk): the replaced tokens
 /// are never scored, since a chunk scores only its second half. Only for the llama.cpp
 /// convention (windows that do not overlap); `None` leaves the stream as it is.
-pub fn with_bos_per_chunk(tokens: &[u32], windows: &[Window], bos: Option<u32>) -> Vec<u32> {
-    let mut out = tokens.to_vec();
+pub fn with_bos_per_chunk(mut tokens: Vec<u32>, windows: &[Window], bos: Option<u32>) -> Vec<u32> {
     if let Some(b) = bos {
         for w in windows {
             debug_assert!(w.first >= 1, "the chunk's first token is not scored");
-            out[w.start] = b;
+            tokens[w.start] = b;
         }
     }
-    out
+    tokens
 }
 
 impl Window {

@@ -46,12 +46,11 @@ pub fn quantize(format: WeightFormat, x: &[f32]) -> CodecActivation {
     };
     if block == 256 {
         for (k, xs) in x.chunks_exact(256).enumerate() {
-            let (d, codes, _) = q8_k::quantize(xs);
+            let (d, codes, _) = q8_k::quantize_activation(xs);
             for (o, c) in act.q[256 * k..256 * (k + 1)].iter_mut().zip(codes) {
                 *o = c as i16;
             }
-            let finite = xs.iter().fold(true, |f, v| f & v.is_finite());
-            act.d[k] = if finite { d } else { f32::NAN };
+            act.d[k] = d;
         }
     } else {
         // act_q8 already gives a non-finite chunk a NaN scale.

@@ -12,6 +12,15 @@ use crate::unpack::{Codec, Unpacked};
 /// The Q8_K codec.
 pub struct Q8K;
 
+/// `quantize`, with a NaN scale where the 256 values hold a NaN or ±Inf, so every product
+/// the activation feeds is NaN (ggml's max skips a NaN and would quantise the rest as if it
+/// were absent): the activation side of the K-quant products.
+pub fn quantize_activation(x: &[f32]) -> (f32, [i8; 256], [i16; 16]) {
+    let (d, q, sums) = quantize(x);
+    let finite = x[..256].iter().all(|v| v.is_finite());
+    (if finite { d } else { f32::NAN }, q, sums)
+}
+
 /// (d, codes, sums of 16) of 256 values, exactly `quantize_row_q8_K_ref`.
 pub fn quantize(x: &[f32]) -> (f32, [i8; 256], [i16; 16]) {
     let x = &x[..256];
