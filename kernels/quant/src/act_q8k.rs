@@ -1,17 +1,18 @@
-//! The Q8_K activation of the Q4_K packed product (`packed_q4k`): llama.cpp's
+//! The Q8_K activation of the K-quant packed products (`packed_q4k`, `packed_q6k`): llama.cpp's
 //! `quantize_row_q8_K_ref` per 256 values (d = max / −127, codes round(x / d)) with the sum
-//! of each 32 codes, which the minimums' term multiplies.
+//! of each 32 codes (Q4_K's minimums multiply them) and of each 16 (Q6_K's code offset).
 
 use crate::kquants::q8_k;
 use crate::packed_layout::SUPER;
 
-/// An activation row quantised to Q8_K: per super-block of 256 an f32 scale, 256 codes and the
-/// sum of each 32 codes (i16: |Σ| ≤ 32 · 127).
+/// An activation row quantised to Q8_K: per super-block of 256 an f32 scale, 256 codes, the
+/// sum of each 32 codes (i16: |Σ| ≤ 32 · 127) and of each 16 (ggml's `bsums`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Q8KActivation {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
     pub bsum: Vec<i16>,
+    pub bsum16: Vec<i16>,
 }
 
 /// `x` (a multiple of 256 long) quantised as `quantize_row_q8_K_ref`; a super-block holding a
@@ -23,6 +24,7 @@ pub fn quantize(x: &[f32]) -> Q8KActivation {
         q: Vec::with_capacity(n * SUPER),
         d: Vec::with_capacity(n),
         bsum: Vec::with_capacity(n * 8),
+        bsum16: Vec::with_capacity(n * 16),
     };
     for block in x.chunks_exact(SUPER) {
         let (d, q, sums) = q8_k::quantize_activation(block);
@@ -30,11 +32,12 @@ pub fn quantize(x: &[f32]) -> Q8KActivation {
         act.q.extend_from_slice(&q);
         act.bsum
             .extend((0..8).map(|j| sums[2 * j].wrapping_add(sums[2 * j + 1])));
+        act.bsum16.extend_from_slice(&sums);
     }
     act
 }
 
-/// What the Q4_K packed product multiplies instead of x: d·q per value.
+/// What the K-quant packed products multiply instead of x: d·q per value.
 pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
     let act = quantize(x);
     act.q

@@ -158,7 +158,7 @@ fn fifth_bits(codes: &[u8; 32]) -> [u8; 4] {
 }
 
 /// Codes j and j + 16 in the nibbles of byte j, the 5th bits in `qh`.
-fn put_q5(codes: &[u8; 32], out: &mut [u8]) {
+pub(crate) fn put_q5(codes: &[u8; 32], out: &mut [u8]) {
     out[..4].copy_from_slice(&fifth_bits(codes));
     for j in 0..16 {
         out[4 + j] = (codes[j] & 0x0F) | ((codes[j + 16] & 0x0F) << 4);

@@ -41,10 +41,14 @@ pub mod matrix;
 pub mod matvec;
 /// 16-row interleaved tiles for the int8-activation product (the `packed` variant).
 pub mod packed;
+/// Where each ggml block's bytes go in a packed tile-block, and back.
+pub mod packed_codes;
 /// The byte layout of the packed tiles.
 pub mod packed_layout;
 /// The Q4_K packed product: Q8_K activations, the dispatch and the portable body.
 pub mod packed_q4k;
+/// The Q6_K packed product: the dispatch and the portable body.
+pub mod packed_q6k;
 /// What the in-register kernels know of a format; header readers; per-format dispatch.
 pub mod plan;
 /// Plain-loop products: any CPU.

@@ -91,7 +91,7 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     }
     if matches!(variant, MatVecVariant::Packed(_)) && !crate::packed::packable(format) {
         return Err(KernelError::Unsupported(format!(
-            "packed takes q4_0, q4_1, q8_0 and q4_k, not {format}"
+            "packed takes q4_0, q4_1, q5_0, q8_0, q4_k and q6_k, not {format}"
         )));
     }
     if matches!(variant, MatVecVariant::FusedQ8(_))
@@ -115,7 +115,7 @@ pub fn activation_as_seen(
     cols: usize,
 ) -> Vec<f32> {
     match variant {
-        MatVecVariant::Packed(_) if format == WeightFormat::Q4_K => x
+        MatVecVariant::Packed(_) if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) => x
             .chunks(cols)
             .flat_map(crate::packed_q4k::activation_as_seen)
             .collect(),

@@ -16,6 +16,10 @@
 //!   code(r, 8j + 4 + b) << 4 (the low nibbles are k-step 2j, the high ones k-step 2j + 1;
 //!   k-step s is values 4s..4s+4). Scales: the 16 rows' f16 d, for Q4_1 then the 16 f16 m.
 //! - Q8_0 codes: 8 groups × 64 bytes, group s, byte 4r + b = code(r, 4s + b). Scales: 16 f16 d.
+//! - Q5_0 codes: the low 4 bits as Q4_0's, then a 64-byte plane of 5th bits: byte 4r + b, bit
+//!   s = the 5th bit of code(r, 4s + b), so one shift and one mask put k-step s's 5th bits at
+//!   bit 4 of every lane byte (the AVX2 kernel's extra cost: 3 ops per k-step and 8 rows,
+//!   shared by the pass's activations). Scales: 16 f16 d. Product: Σ(c − 16)·q = Σc·q − 16·Σq.
 //!
 //! - Q4_K (super-blocks of 256: 8 sub-blocks of 32 with 6-bit scales sc and minimums m):
 //!   a tile-block is 16 rows × one super-block; its codes are 8 Q4_0-style sub-tiles of 256
@@ -26,10 +30,17 @@
 //!   arithmetic: the activation quantised to Q8_K (per-256 scale, sums per 32), per sub-block
 //!   an exact Σc·q times sc, the minimums as Σ m·Σq, both integer per super-block, then
 //!   d·d_x·Σ − dmin·d_x·Σmin in f32.
+//! - Q6_K (super-blocks of 256: 16 groups of 16 with i8 scales, 6-bit codes c, value
+//!   d·s·(c − 32)): per sub-block of 32, Q4_0-style nibbles (256 bytes) then the top 2 bits
+//!   (128 bytes: group g of k-steps 4g..4g+4, byte 4r + b, bits 2t..2t+2 of k-step 4g + t);
+//!   scales the 16 rows' f16 d, then s[G][r] as i8 (16 × 16). The product is llama.cpp's
+//!   `vec_dot_q6_K_q8_K`: Σ_G s_G·Σc·q exact in i32, less 32·Σ_G s_G·Σq (Q8_K's sums of
+//!   16), times d·d_x (`packed_q6k`).
 //!
-//! Codes + scales are 16 × the ggml block (288, 320, 544 bytes; Q4_K 2368 = 16 × 144 + 64),
-//! so packing costs no memory beyond padding the last tile to 16 rows (Q4_K: 2.8% for the
-//! unpacked 6-bit fields).
+//! Codes + scales are 16 × the ggml block (288, 320, 352, 544, Q6_K 3360 bytes; Q4_K
+//! 2368 = 16 × 144 + 64), so packing costs no memory beyond padding the last tile to 16 rows
+//! (Q4_K: 2.8% for the unpacked 6-bit fields). Where each block's bytes go is
+//! `packed_codes`.
 //!
 //! The arithmetic is the row-major `FusedQ8`'s exactly — per block an exact integer
 //! Σ(c − offset)·q, times a·d_x, plus m·d_x·Σq for Q4_1 — so the same reference judges it. An
@@ -39,10 +50,11 @@
 use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::{decode_block, QuantMatrix};
+use crate::packed_codes;
+use crate::packed_layout::Q5_HI;
 pub use crate::packed_layout::{
     block_values, code_bytes, scale_bytes, tile_block_bytes, BLOCK, SUPER, TILE,
 };
-pub(crate) use crate::packed_layout::{Q4K_MN, Q4K_SC};
 use crate::plan::BlockPlan;
 use kernel_common::{error::Result, KernelError};
 use kernel_cpu::{team, Isa};
@@ -52,7 +64,7 @@ const TASK_TILES: usize = 2;
 /// Activations per pass over a tile (batch ≥ 2).
 const PASS: usize = 4;
 
-/// A weight matrix in Q4_0, Q4_1 or Q8_0 laid out as 16-row tiles.
+/// A weight matrix in Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K laid out as 16-row tiles.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedMatrix {
     pub format: WeightFormat,
@@ -73,61 +85,13 @@ struct Line([u8; 64]);
 pub fn packable(format: WeightFormat) -> bool {
     matches!(
         format,
-        WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4_K
+        WeightFormat::Q4_0
+            | WeightFormat::Q4_1
+            | WeightFormat::Q5_0
+            | WeightFormat::Q8_0
+            | WeightFormat::Q4_K
+            | WeightFormat::Q6_K
     )
-}
-
-/// The 256 codes (0..15) of a ggml Q4_K block, in value order (byte 16 + 32h + i holds value
-/// 64h + i in its low nibble and 64h + 32 + i in its high one).
-fn q4k_codes(bytes: &[u8]) -> [u8; SUPER] {
-    let mut c = [0u8; SUPER];
-    for h in 0..4 {
-        for i in 0..32 {
-            let byte = bytes[16 + 32 * h + i];
-            c[64 * h + i] = byte & 0x0F;
-            c[64 * h + 32 + i] = byte >> 4;
-        }
-    }
-    c
-}
-
-/// Writes 32 codes (values 0..15) of row r into a Q4_0-style sub-tile of 256 bytes.
-fn put_nibbles(codes: &mut [u8], r: usize, c: &[u8]) {
-    for j in 0..4 {
-        for b in 0..4 {
-            codes[64 * j + 4 * r + b] = c[8 * j + b] | c[8 * j + 4 + b] << 4;
-        }
-    }
-}
-
-/// The 32 codes of row r in a Q4_0-style sub-tile.
-fn get_nibbles(codes: &[u8], r: usize) -> [u8; BLOCK] {
-    let mut c = [0u8; BLOCK];
-    for j in 0..4 {
-        for b in 0..4 {
-            let byte = codes[64 * j + 4 * r + b];
-            c[8 * j + b] = byte & 0x0F;
-            c[8 * j + 4 + b] = byte >> 4;
-        }
-    }
-    c
-}
-
-/// The 32 codes (0..15, or Q8_0's two's complement bytes) and header bytes of ggml block
-/// `bytes`.
-fn block_codes(format: WeightFormat, bytes: &[u8]) -> [u8; BLOCK] {
-    let mut c = [0u8; BLOCK];
-    match format {
-        WeightFormat::Q8_0 => c.copy_from_slice(&bytes[2..34]),
-        _ => {
-            let qs = &bytes[format.header_bytes()..];
-            for j in 0..16 {
-                c[j] = qs[j] & 0x0F;
-                c[j + 16] = qs[j] >> 4;
-            }
-        }
-    }
-    c
 }
 
 impl PackedMatrix {
@@ -165,7 +129,7 @@ impl PackedMatrix {
     pub fn pack(m: &QuantMatrix) -> Result<PackedMatrix> {
         if !packable(m.format) {
             return Err(KernelError::Unsupported(format!(
-                "packed tiles take q4_0, q4_1, q8_0 and q4_k, not {}",
+                "packed tiles take q4_0, q4_1, q5_0, q8_0, q4_k and q6_k, not {}",
                 m.format
             )));
         }
@@ -192,34 +156,7 @@ impl PackedMatrix {
             let (t, k) = (tk / nblocks, tk % nblocks);
             for r in 0..TILE.min(m.rows - t * TILE) {
                 let block = &m.row(t * TILE + r)[k * bb..(k + 1) * bb];
-                if format == WeightFormat::Q4_K {
-                    let c = q4k_codes(block);
-                    for j in 0..8 {
-                        put_nibbles(&mut codes[256 * j..], r, &c[32 * j..32 * j + 32]);
-                        let (sc, mn) = crate::kquants::get_scale_min_k4(j, &block[4..16]);
-                        scales[Q4K_SC + TILE * j + r] = sc;
-                        scales[Q4K_MN + TILE * j + r] = mn;
-                    }
-                    for h in 0..2 {
-                        scales[32 * h + 2 * r..32 * h + 2 * r + 2]
-                            .copy_from_slice(&block[2 * h..2 * h + 2]);
-                    }
-                    continue;
-                }
-                let c = block_codes(format, block);
-                if format == WeightFormat::Q8_0 {
-                    for s in 0..8 {
-                        codes[64 * s + 4 * r..64 * s + 4 * r + 4]
-                            .copy_from_slice(&c[4 * s..4 * s + 4]);
-                    }
-                } else {
-                    put_nibbles(codes, r, &c);
-                }
-                // d, then Q4_1's m, each as 16 consecutive f16.
-                for h in 0..format.header_bytes() / 2 {
-                    scales[32 * h + 2 * r..32 * h + 2 * r + 2]
-                        .copy_from_slice(&block[2 * h..2 * h + 2]);
-                }
+                packed_codes::put_block(format, block, r, codes, scales);
             }
         }
         Ok(PackedMatrix {
@@ -233,46 +170,8 @@ impl PackedMatrix {
 
     /// The ggml bytes of block k of row r.
     fn ggml_block(&self, r: usize, k: usize) -> Vec<u8> {
-        let format = self.format;
         let (codes, scales) = (self.codes(r / TILE, k), self.scales(r / TILE, k));
-        let row = r % TILE;
-        let mut out = vec![0u8; format.block_bytes()];
-        if format == WeightFormat::Q4_K {
-            for h in 0..2 {
-                out[2 * h..2 * h + 2]
-                    .copy_from_slice(&scales[32 * h + 2 * row..32 * h + 2 * row + 2]);
-            }
-            let ls: [u8; 8] = std::array::from_fn(|j| scales[Q4K_SC + TILE * j + row]);
-            let lm: [u8; 8] = std::array::from_fn(|j| scales[Q4K_MN + TILE * j + row]);
-            crate::kquants::put_scale_min_k4(&ls, &lm, &mut out[4..16]);
-            let mut c = [0u8; SUPER];
-            for j in 0..8 {
-                c[32 * j..32 * j + 32].copy_from_slice(&get_nibbles(&codes[256 * j..], row));
-            }
-            for h in 0..4 {
-                for i in 0..32 {
-                    out[16 + 32 * h + i] = c[64 * h + i] | c[64 * h + 32 + i] << 4;
-                }
-            }
-            return out;
-        }
-        for h in 0..format.header_bytes() / 2 {
-            out[2 * h..2 * h + 2].copy_from_slice(&scales[32 * h + 2 * row..32 * h + 2 * row + 2]);
-        }
-        if format == WeightFormat::Q8_0 {
-            let mut c = [0u8; BLOCK];
-            for s in 0..8 {
-                c[4 * s..4 * s + 4].copy_from_slice(&codes[64 * s + 4 * row..64 * s + 4 * row + 4]);
-            }
-            out[2..].copy_from_slice(&c);
-        } else {
-            let c = get_nibbles(codes, row);
-            let qs = &mut out[format.header_bytes()..];
-            for j in 0..16 {
-                qs[j] = c[j] | c[j + 16] << 4;
-            }
-        }
-        out
+        packed_codes::get_block(self.format, r % TILE, codes, scales)
     }
 
     /// The row-major matrix again (byte for byte what was packed).
@@ -327,7 +226,7 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
             y.len()
         )));
     }
-    let acts = if w.format == WeightFormat::Q4_K {
+    let acts = if block_values(w.format) == SUPER {
         Acts::Q8K(in_parallel(x, w.cols, crate::act_q8k::quantize))
     } else {
         Acts::Q8(quantize_rows(x, w.cols, isa))
@@ -344,14 +243,15 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
                 let n = end - b0;
                 match &acts {
                     Acts::Q8(a) => tile_dot(w, t, &a[b0..end], &mut tile_out, isa),
-                    Acts::Q8K(a) => crate::packed_q4k::tile_dot(
-                        w.codes(t, 0),
-                        w.scales(t, 0),
-                        w.blocks(),
-                        &a[b0..end],
-                        &mut tile_out,
-                        isa,
-                    ),
+                    Acts::Q8K(a) => {
+                        let kernel = if w.format == WeightFormat::Q6_K {
+                            crate::packed_q6k::tile_dot
+                        } else {
+                            crate::packed_q4k::tile_dot
+                        };
+                        let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
+                        kernel(codes, scales, w.blocks(), &a[b0..end], &mut tile_out, isa)
+                    }
                 }
                 for (b, vals) in tile_out.iter().enumerate().take(n) {
                     let at = (b0 + b) * w.rows + t * TILE;
@@ -364,7 +264,8 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
     Ok(())
 }
 
-/// The quantised activations of one call: Q8_0-style per 32 values, or Q8_K for Q4_K tiles.
+/// The quantised activations of one call: Q8_0-style per 32 values, or Q8_K for the K-quant
+/// tiles.
 enum Acts {
     Q8(Vec<Q8Activation>),
     Q8K(Vec<crate::act_q8k::Q8KActivation>),
@@ -420,7 +321,8 @@ fn tile_dot(
             macro_rules! go {
                 ($n:literal) => {{
                     let a: [&Q8Activation; $n] = std::array::from_fn(|i| &acts[i]);
-                    let got = if isa.has_avx512_vnni() {
+                    // No AVX-512 Q5_0 body: the AVX-512 tiers run the AVX2 one.
+                    let got = if isa.has_avx512_vnni() && w.format != WeightFormat::Q5_0 {
                         crate::avx512::packed::tile_dot::<$n>(w.format, codes, scales, nb, a)
                     } else {
                         crate::avx2::packed::tile_dot::<$n>(w.format, codes, scales, nb, a)
@@ -458,8 +360,15 @@ fn tile_dot_portable(w: &PackedMatrix, t: usize, act: &Q8Activation) -> [f32; TI
                         tb[64 * s + 4 * r + b] as i8 as i32
                     } else {
                         let byte = tb[64 * (s / 2) + 4 * r + b];
-                        (if s % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as i32
-                            - if w.format == WeightFormat::Q4_0 { 8 } else { 0 }
+                        let nibble = (if s % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as i32;
+                        match w.format {
+                            WeightFormat::Q4_0 => nibble - 8,
+                            WeightFormat::Q5_0 => {
+                                let fifth = (tb[Q5_HI + 4 * r + b] >> s) & 1;
+                                nibble + 16 * fifth as i32 - 16
+                            }
+                            _ => nibble,
+                        }
                     };
                     dot += c * q[4 * s + b] as i32;
                 }
@@ -501,7 +410,7 @@ mod tests {
 
     #[test]
     fn pack_unpack_and_rows_round_trip() {
-        for name in ["q4_0", "q4_1", "q8_0", "q4_k"] {
+        for name in ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"] {
             let f = WeightFormat::parse(name).unwrap();
             let cols = 3 * block_values(f);
             for rows in [1usize, 15, 16, 17, 40] {

@@ -18,6 +18,8 @@ pub mod gemv;
 pub mod packed;
 /// The Q4_K packed-tile kernel (Q8_K activations).
 pub mod packed_q4k;
+/// The Q6_K packed-tile kernel (Q8_K activations).
+pub mod packed_q6k;
 /// The int8-activation GEMV (llama.cpp's AVX2 path).
 pub mod q8act;
 /// The B ≤ 4 register-tile kernel (small-batch GEMM) and its dense f32/f16 twin.

@@ -3,8 +3,10 @@
 //! activation bytes are broadcast (`vpbroadcastd`, a load) and multiplied with the half's codes
 //! by `vpmaddubsw`; Q4 steps accumulate in i16 (bounded, see the module doc of `packed`), one
 //! `vpmaddwd` by ones widens the 8 sums, one convert and one FMA with the 8 rows' d·d_x apply
-//! the scales. Q8_0's signed codes go through the sign trick (|c| × q with c's sign) and widen
-//! every step, since two steps could overflow i16.
+//! the scales. Q5_0's codes are the Q4 nibbles with their 5th bit shifted in from its plane
+//! and widen every 4 steps (4 · 2 · 31 · 127 = 31496, inside i16). Q8_0's signed codes go
+//! through the sign trick (|c| × q with c's sign) and widen every step, since two steps could
+//! overflow i16.
 
 #[cfg(target_arch = "x86_64")]
 use crate::act_q8::Q8Activation;
@@ -18,7 +20,7 @@ use std::arch::x86_64::*;
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `nblocks` tile-blocks of
-/// `format` (q4_0, q4_1 or q8_0).
+/// `format` (q4_0, q4_1, q5_0 or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
@@ -33,6 +35,7 @@ pub unsafe fn tile_dot<const B: usize>(
     match format {
         WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, nblocks, acts),
         WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, nblocks, acts),
+        WeightFormat::Q5_0 => tile_q5::<B>(codes, scales, nblocks, acts),
         _ => tile_q8::<B>(codes, scales, nblocks, acts),
     }
 }
@@ -104,6 +107,81 @@ unsafe fn tile_q4<const MIN: bool, const B: usize>(
                     let sx = _mm256_set1_ps(*act.sum.get_unchecked(k));
                     acc[b] = _mm256_fmadd_ps(m, sx, acc[b]);
                 }
+            }
+        }
+        for b in 0..B {
+            _mm256_storeu_ps(out[b].as_mut_ptr().add(8 * h), acc[b]);
+        }
+    }
+    out
+}
+
+/// The 5th bits of k-step `s` at bit 4 of each lane byte (0x10 or 0), from the half's plane
+/// `hv` (bit s of each byte; 16-bit shifts, so a bit from the neighbouring byte can land
+/// only below bit 4 or above it, never in it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fifth_bits(hv: __m256i, s: usize) -> __m256i {
+    let at4 = match s {
+        0 => _mm256_slli_epi16::<4>(hv),
+        1 => _mm256_slli_epi16::<3>(hv),
+        2 => _mm256_slli_epi16::<2>(hv),
+        3 => _mm256_slli_epi16::<1>(hv),
+        4 => hv,
+        5 => _mm256_srli_epi16::<1>(hv),
+        6 => _mm256_srli_epi16::<2>(hv),
+        _ => _mm256_srli_epi16::<3>(hv),
+    };
+    _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
+}
+
+/// The Q5_0 tile: `tile_q4`'s loop order with the 5th bits OR-ed into each unpacked code
+/// vector, the i16 sums widened per 4 k-steps, and Σ(c − 16)·q = Σc·q − 16·Σq.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // t / b index register arrays in step with the loads
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q5<const B: usize>(
+    codes: *const u8,
+    scales: *const u8,
+    nblocks: usize,
+    acts: [&Q8Activation; B],
+) -> [[f32; 16]; B] {
+    let cb = crate::packed_layout::code_bytes(WeightFormat::Q5_0);
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut out = [[0.0f32; 16]; B];
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); B];
+        for k in 0..nblocks {
+            let (blk, sc) = (codes.add(k * cb + 32 * h), scales.add(k * 32));
+            let hv = _mm256_loadu_si256(blk.add(crate::packed_layout::Q5_HI) as *const __m256i);
+            let mut dot = [_mm256_setzero_si256(); B];
+            for jj in 0..2 {
+                let mut w = [_mm256_setzero_si256(); 4];
+                for t in 0..2 {
+                    let bytes = _mm256_loadu_si256(blk.add(64 * (2 * jj + t)) as *const __m256i);
+                    w[2 * t] = _mm256_and_si256(bytes, mask);
+                    w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
+                }
+                for u in 0..4 {
+                    w[u] = _mm256_or_si256(w[u], fifth_bits(hv, 4 * jj + u));
+                }
+                for b in 0..B {
+                    let mut sum16 = _mm256_setzero_si256();
+                    for u in 0..4 {
+                        let q = step(acts[b], k, 4 * jj + u);
+                        sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w[u], q));
+                    }
+                    dot[b] = _mm256_add_epi32(dot[b], _mm256_madd_epi16(sum16, ones));
+                }
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
+            for b in 0..B {
+                let act = acts[b];
+                let off = _mm256_set1_epi32(16 * *act.qsum.get_unchecked(k));
+                let dot = _mm256_sub_epi32(dot[b], off);
+                let dx = _mm256_set1_ps(*act.d.get_unchecked(k));
+                acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b]);
             }
         }
         for b in 0..B {

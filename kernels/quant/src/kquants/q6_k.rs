@@ -12,6 +12,22 @@ use crate::format::WeightFormat;
 use crate::ggml::{f16_at, f16_le, put_f16};
 use crate::unpack::{Codec, Unpacked};
 
+/// Writes 256 codes (0..=63, in value order) as a Q6_K block's 128 bytes of low nibbles and
+/// 64 bytes of top 2 bits (`out[..192]`).
+pub(crate) fn put_codes(codes: &[u8; 256], out: &mut [u8]) {
+    for h in 0..2 {
+        let (ql, qh) = (64 * h, 128 + 32 * h);
+        for i in 0..32 {
+            let v = 128 * h + i;
+            let c = |k: usize| codes[v + 32 * k];
+            out[ql + i] = (c(0) & 0xF) | ((c(2) & 0xF) << 4);
+            out[ql + 32 + i] = (c(1) & 0xF) | ((c(3) & 0xF) << 4);
+            out[qh + i] =
+                (c(0) >> 4) | ((c(1) >> 4) << 2) | ((c(2) >> 4) << 4) | ((c(3) >> 4) << 6);
+        }
+    }
+}
+
 /// The Q6_K codec.
 pub struct Q6K;
 
@@ -53,19 +69,7 @@ impl Codec for Q6K {
                 *li = (nearest_int(v / dl).clamp(-32, 31) + 32) as i8;
             }
         }
-        let code = |v: usize| l[v] as u8;
-        for h in 0..2 {
-            let (ql, qh) = (64 * h, 128 + 32 * h);
-            for i in 0..32 {
-                let v = 128 * h + i;
-                out[ql + i] = (code(v) & 0xF) | ((code(v + 64) & 0xF) << 4);
-                out[ql + 32 + i] = (code(v + 32) & 0xF) | ((code(v + 96) & 0xF) << 4);
-                out[qh + i] = (code(v) >> 4)
-                    | ((code(v + 32) >> 4) << 2)
-                    | ((code(v + 64) >> 4) << 4)
-                    | ((code(v + 96) >> 4) << 6);
-            }
-        }
+        put_codes(&l.map(|c| c as u8), out);
         for (o, s) in out[192..208].iter_mut().zip(sc) {
             *o = s as u8;
         }
