@@ -321,8 +321,7 @@ fn tile_dot(
             macro_rules! go {
                 ($n:literal) => {{
                     let a: [&Q8Activation; $n] = std::array::from_fn(|i| &acts[i]);
-                    // No AVX-512 Q5_0 body: the AVX-512 tiers run the AVX2 one.
-                    let got = if isa.has_avx512_vnni() && w.format != WeightFormat::Q5_0 {
+                    let got = if isa.has_avx512_vnni() {
                         crate::avx512::packed::tile_dot::<$n>(w.format, codes, scales, nb, a)
                     } else {
                         crate::avx2::packed::tile_dot::<$n>(w.format, codes, scales, nb, a)

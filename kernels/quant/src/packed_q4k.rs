@@ -3,9 +3,9 @@
 //! (`quantize_row_q8_K_ref`: d = max / −127, codes round(x / d)), with the sum of each 32
 //! codes; per row and super-block the kernels form two exact integers, Σ_j sc_j·Σ(c·q) over
 //! the 8 sub-blocks and Σ_j m_j·Σq, and add d·d_x·the first − dmin·d_x·the second. The AVX2
-//! body is `avx2::packed_q4k` (the AVX-512 tiers run it too: no AVX-512 Q4_K body is written
-//! that the machines here cannot run); this file holds the activation, the dispatch and the
-//! plain-loop body of the portable tier.
+//! body is `avx2::packed_q4k`, the AVX-512 VNNI one `avx512::packed_k` (an AVX-512 tier
+//! without VNNI runs the AVX2 body); this file holds the dispatch and the plain-loop body of
+//! the portable tier.
 
 pub use crate::act_q8k::{activation_as_seen, quantize, Q8KActivation};
 use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC, SUPER, TILE};
@@ -35,14 +35,17 @@ pub(crate) fn tile_dot(
     if isa.has_avx2() {
         let (codes, scales) = (codes.as_ptr(), scales.as_ptr());
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
-        // F16C; the tile holds `nb` tile-blocks and every activation covers them (asserted).
+        // F16C (and AVX-512 VNNI where that body runs); the tile holds `nb` tile-blocks and
+        // every activation covers them (asserted).
         unsafe {
             macro_rules! go {
                 ($n:literal) => {{
                     let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
-                    out[..$n].copy_from_slice(&crate::avx2::packed_q4k::tile_dot::<$n>(
-                        codes, scales, nb, a,
-                    ));
+                    out[..$n].copy_from_slice(&if isa.has_avx512_vnni() {
+                        crate::avx512::packed_k::tile_q4k::<$n>(codes, scales, nb, a)
+                    } else {
+                        crate::avx2::packed_q4k::tile_dot::<$n>(codes, scales, nb, a)
+                    });
                 }};
             }
             match acts.len() {

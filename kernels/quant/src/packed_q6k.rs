@@ -3,8 +3,9 @@
 //! codes and the sum of each 16). Per row and super-block the kernels form one exact integer,
 //! Σ_G s_G·Σ(c − 32)·q over the 16 groups of 16 — computed as Σ_G s_G·Σc·q − 32·Σ_G s_G·Σq so
 //! the unsigned 6-bit codes feed `vpmaddubsw` directly — and add d·d_x·it. The AVX2 body is
-//! `avx2::packed_q6k` (the AVX-512 tiers run it too); this file holds the dispatch and the
-//! plain-loop body of the portable tier.
+//! `avx2::packed_q6k`, the AVX-512 VNNI one `avx512::packed_k` (an AVX-512 tier without VNNI
+//! runs the AVX2 body); this file holds the dispatch and the plain-loop body of the portable
+//! tier.
 
 use crate::act_q8k::Q8KActivation;
 use crate::packed_layout::{code_bytes, scale_bytes, Q6K_HI, Q6K_SC, Q6K_SUB, SUPER, TILE};
@@ -34,14 +35,17 @@ pub(crate) fn tile_dot(
     if isa.has_avx2() {
         let (codes, scales) = (codes.as_ptr(), scales.as_ptr());
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
-        // F16C; the tile holds `nb` tile-blocks and every activation covers them (asserted).
+        // F16C (and AVX-512 VNNI where that body runs); the tile holds `nb` tile-blocks and
+        // every activation covers them (asserted).
         unsafe {
             macro_rules! go {
                 ($n:literal) => {{
                     let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
-                    out[..$n].copy_from_slice(&crate::avx2::packed_q6k::tile_dot::<$n>(
-                        codes, scales, nb, a,
-                    ));
+                    out[..$n].copy_from_slice(&if isa.has_avx512_vnni() {
+                        crate::avx512::packed_k::tile_q6k::<$n>(codes, scales, nb, a)
+                    } else {
+                        crate::avx2::packed_q6k::tile_dot::<$n>(codes, scales, nb, a)
+                    });
                 }};
             }
             match acts.len() {
