@@ -1,5 +1,5 @@
 //! The feed-forward of a decoder layer: a gated MLP — SwiGLU, silu(gate) · up (Shazeer 2020,
-//! `kernel_cpu::ops::swiglu`), or GeGLU with the tanh GELU (Gemma's `gelu_pytorch_tanh`:
+//! `kernel_cpu::ops::gated`), or GeGLU with the tanh GELU (Gemma's `gelu_pytorch_tanh`:
 //! ½x(1 + tanh(√(2/π)(x + 0.044715x³)))) — or a sparse MoE block routed by
 //! `moe_kernels::route` (softmax over the experts, top-k, the k weights renormalised as
 //! Mixtral and `norm_topk_prob` do or kept raw as OLMoE does, capacity), each expert's MLP on
@@ -7,37 +7,21 @@
 //! scaled by sigmoid(x · gate).
 
 use crate::model::llama::{Expert, Ffn, Llama, Mlp, Result, SharedExpert};
+use kernel_cpu::ops::Gate;
 use moe_kernels::{route, MoeConfig, Priority};
 use quant_kernels::MatVecVariant;
-
-/// gelu_tanh(gate) · up for rows of [gate | up] (each 2f wide).
-fn geglu(gate_up: &[f32], f: usize) -> Vec<f32> {
-    const C: f32 = 0.797_884_6; // √(2/π)
-    let mut out = Vec::with_capacity(gate_up.len() / 2);
-    for row in gate_up.chunks_exact(2 * f) {
-        let (g, u) = row.split_at(f);
-        out.extend(
-            g.iter()
-                .zip(u)
-                .map(|(&x, &u)| 0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh()) * u),
-        );
-    }
-    out
-}
 
 impl Expert {
     /// down(act(gate) · up) for `n` rows of `x`.
     fn forward(&self, x: &[f32], n: usize, mlp: Mlp, v: MatVecVariant) -> Result<Vec<f32>> {
         let gu = self.gate_up.forward(x, n, v)?;
         let f = self.width();
-        let h = match mlp {
-            Mlp::SwiGlu => {
-                let mut out = vec![0.0f32; gu.len() / 2];
-                kernel_cpu::ops::swiglu(&gu, f, &mut out);
-                out
-            }
-            Mlp::GeGlu => geglu(&gu, f),
+        let gate = match mlp {
+            Mlp::SwiGlu => Gate::Silu,
+            Mlp::GeGlu => Gate::GeluTanh,
         };
+        let mut h = vec![0.0f32; gu.len() / 2];
+        kernel_cpu::ops::gated(&gu, f, &mut h, gate);
         self.down.forward(&h, n, v)
     }
 }
@@ -125,8 +109,29 @@ mod tests {
     #[test]
     fn geglu_is_the_tanh_gelu_times_up() {
         // gelu_tanh(1) = 0.841192, gelu_tanh(-2) = -0.045402 (torch, approximate="tanh").
-        let out = geglu(&[1.0, -2.0, 3.0, 0.5], 2);
-        assert!((out[0] - 0.841_192 * 3.0).abs() < 1e-5, "{out:?}");
-        assert!((out[1] + 0.045_402 * 0.5).abs() < 1e-5, "{out:?}");
+        let gelu =
+            |x: f64| 0.5 * x * (1.0 + (0.797_884_560_8 * (x + 0.044_715 * x.powi(3))).tanh());
+        for isa in kernel_cpu::isa::runnable() {
+            kernel_cpu::isa::with_isa(isa, || {
+                let mut out = [f32::NAN; 2];
+                kernel_cpu::ops::gated(&[1.0, -2.0, 3.0, 0.5], 2, &mut out, Gate::GeluTanh);
+                assert!((out[0] - 0.841_192 * 3.0).abs() < 1e-5, "{isa}: {out:?}");
+                assert!((out[1] + 0.045_402 * 0.5).abs() < 1e-5, "{isa}: {out:?}");
+                // Against the f64 tanh formula from −12 to 12, both tails included.
+                let g: Vec<f32> = (0..97).map(|i| -12.0 + 0.25 * i as f32).collect();
+                let mut gu = g.clone();
+                gu.extend(std::iter::repeat_n(1.0f32, g.len()));
+                let mut out = vec![f32::NAN; g.len()];
+                kernel_cpu::ops::gated(&gu, g.len(), &mut out, Gate::GeluTanh);
+                for (&x, &y) in g.iter().zip(&out) {
+                    let want = gelu(x as f64);
+                    assert!(
+                        (y as f64 - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                        "{isa} {x}: {y} vs {want}"
+                    );
+                }
+            })
+            .unwrap();
+        }
     }
 }
