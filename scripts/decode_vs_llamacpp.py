@@ -112,6 +112,9 @@ def main():
                     samples.setdefault(f"{isa}|{test}|{m}", []).append(ts)
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+    flags = set(next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), []))
+    widest = ("avx512" if {"avx512f", "avx512bw", "avx512vl"} <= flags
+              else "avx2" if {"avx2", "fma", "f16c"} <= flags else "portable")
     prov = {
         "run_id": run_id,
         "experiment": "decode_vs_llamacpp",
@@ -119,6 +122,8 @@ def main():
         "git_sha": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "cpu_model": cpu,
+        "isa_detected": widest,
+        "isa": ",".join(builds),
         "logical_cores": os.cpu_count(),
         "threads": a.threads,
         "model": os.path.basename(a.model),
