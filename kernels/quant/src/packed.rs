@@ -244,13 +244,17 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
                 match &acts {
                     Acts::Q8(a) => tile_dot(w, t, &a[b0..end], &mut tile_out, isa),
                     Acts::Q8K(a) => {
-                        let kernel = if w.format == WeightFormat::Q6_K {
-                            crate::packed_q6k::tile_dot
-                        } else {
-                            crate::packed_q4k::tile_dot
-                        };
                         let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
-                        kernel(codes, scales, w.blocks(), &a[b0..end], &mut tile_out, isa)
+                        let (f, nb) = (w.format, w.blocks());
+                        crate::packed_q4k::tile_dot(
+                            f,
+                            codes,
+                            scales,
+                            nb,
+                            &a[b0..end],
+                            &mut tile_out,
+                            isa,
+                        )
                     }
                 }
                 for (b, vals) in tile_out.iter().enumerate().take(n) {

@@ -4,18 +4,20 @@
 //! codes; per row and super-block the kernels form two exact integers, Σ_j sc_j·Σ(c·q) over
 //! the 8 sub-blocks and Σ_j m_j·Σq, and add d·d_x·the first − dmin·d_x·the second. The AVX2
 //! body is `avx2::packed_q4k`, the AVX-512 VNNI one `avx512::packed_k` (an AVX-512 tier
-//! without VNNI runs the AVX2 body); this file holds the dispatch and the plain-loop body of
-//! the portable tier.
+//! without VNNI runs the AVX2 body); this file holds the dispatch of both K-quant tiles (Q4_K,
+//! Q6_K) and the Q4_K plain-loop body of the portable tier.
 
 pub use crate::act_q8k::{activation_as_seen, quantize, Q8KActivation};
 use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC, SUPER, TILE};
 use crate::WeightFormat;
 use kernel_cpu::Isa;
 
-/// out[b][r] = row r of one tile · activation b, for up to 4 activations, at tier `isa`
-/// (allowed on the caller's thread); `codes` and `scales` start at the tile's first
-/// tile-block and hold its `nb` tile-blocks (`PackedMatrix::codes(t, 0)` / `scales(t, 0)`).
+/// out[b][r] = row r of one K-quant tile (`format`: Q4_K or Q6_K) · activation b, for up to
+/// 4 activations, at tier `isa` (allowed on the caller's thread); `codes` and `scales` start
+/// at the tile's first tile-block and hold its `nb` tile-blocks (`PackedMatrix::codes(t, 0)` /
+/// `scales(t, 0)`). The one dispatch of both formats' bodies.
 pub(crate) fn tile_dot(
+    format: WeightFormat,
     codes: &[u8],
     scales: &[u8],
     nb: usize,
@@ -23,28 +25,38 @@ pub(crate) fn tile_dot(
     out: &mut [[f32; TILE]; 4],
     isa: Isa,
 ) {
-    let (cb, sb) = (
-        code_bytes(WeightFormat::Q4_K),
-        scale_bytes(WeightFormat::Q4_K),
-    );
+    assert!(matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K));
+    let q6 = format == WeightFormat::Q6_K;
+    let (cb, sb) = (code_bytes(format), scale_bytes(format));
     assert!(codes.len() >= nb * cb && scales.len() >= nb * sb);
     for a in acts {
-        assert!(a.q.len() >= nb * SUPER && a.d.len() >= nb && a.bsum.len() >= nb * 8);
+        assert!(a.q.len() >= nb * SUPER && a.d.len() >= nb);
+        assert!(a.bsum.len() >= nb * 8 && a.bsum16.len() >= nb * 16);
     }
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         let (codes, scales) = (codes.as_ptr(), scales.as_ptr());
+        let vnni = isa.has_avx512_vnni();
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
-        // F16C (and AVX-512 VNNI where that body runs); the tile holds `nb` tile-blocks and
-        // every activation covers them (asserted).
+        // F16C (and AVX-512 VNNI where that body runs); the tile holds `nb` tile-blocks of
+        // `format` and every activation covers them (asserted).
         unsafe {
             macro_rules! go {
                 ($n:literal) => {{
                     let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
-                    out[..$n].copy_from_slice(&if isa.has_avx512_vnni() {
-                        crate::avx512::packed_k::tile_q4k::<$n>(codes, scales, nb, a)
-                    } else {
-                        crate::avx2::packed_q4k::tile_dot::<$n>(codes, scales, nb, a)
+                    out[..$n].copy_from_slice(&match (q6, vnni) {
+                        (false, true) => {
+                            crate::avx512::packed_k::tile_q4k::<$n>(codes, scales, nb, a)
+                        }
+                        (true, true) => {
+                            crate::avx512::packed_k::tile_q6k::<$n>(codes, scales, nb, a)
+                        }
+                        (false, false) => {
+                            crate::avx2::packed_q4k::tile_dot::<$n>(codes, scales, nb, a)
+                        }
+                        (true, false) => {
+                            crate::avx2::packed_q6k::tile_dot::<$n>(codes, scales, nb, a)
+                        }
                     });
                 }};
             }
@@ -59,7 +71,11 @@ pub(crate) fn tile_dot(
     }
     let _ = isa;
     for (b, act) in acts.iter().enumerate() {
-        out[b] = tile_dot_portable(codes, scales, nb, act);
+        out[b] = if q6 {
+            crate::packed_q6k::tile_dot_portable(codes, scales, nb, act)
+        } else {
+            tile_dot_portable(codes, scales, nb, act)
+        };
     }
 }
 

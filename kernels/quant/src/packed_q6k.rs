@@ -4,67 +4,20 @@
 //! Σ_G s_G·Σ(c − 32)·q over the 16 groups of 16 — computed as Σ_G s_G·Σc·q − 32·Σ_G s_G·Σq so
 //! the unsigned 6-bit codes feed `vpmaddubsw` directly — and add d·d_x·it. The AVX2 body is
 //! `avx2::packed_q6k`, the AVX-512 VNNI one `avx512::packed_k` (an AVX-512 tier without VNNI
-//! runs the AVX2 body); this file holds the dispatch and the plain-loop body of the portable
-//! tier.
+//! runs the AVX2 body; the dispatch of both K-quant tiles is `packed_q4k::tile_dot`); this file
+//! holds the plain-loop body of the portable tier.
 
 use crate::act_q8k::Q8KActivation;
 use crate::packed_layout::{code_bytes, scale_bytes, Q6K_HI, Q6K_SC, Q6K_SUB, SUPER, TILE};
 use crate::WeightFormat;
-use kernel_cpu::Isa;
 
-/// out[b][r] = row r of one tile · activation b, for up to 4 activations, at tier `isa`
-/// (allowed on the caller's thread); `codes` and `scales` start at the tile's first
-/// tile-block and hold its `nb` tile-blocks (`PackedMatrix::codes(t, 0)` / `scales(t, 0)`).
-pub(crate) fn tile_dot(
+/// The 16 rows of one tile against one activation, in plain loops.
+pub(crate) fn tile_dot_portable(
     codes: &[u8],
     scales: &[u8],
     nb: usize,
-    acts: &[Q8KActivation],
-    out: &mut [[f32; TILE]; 4],
-    isa: Isa,
-) {
-    let (cb, sb) = (
-        code_bytes(WeightFormat::Q6_K),
-        scale_bytes(WeightFormat::Q6_K),
-    );
-    assert!(codes.len() >= nb * cb && scales.len() >= nb * sb);
-    for a in acts {
-        assert!(a.q.len() >= nb * SUPER && a.d.len() >= nb && a.bsum16.len() >= nb * 16);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() {
-        let (codes, scales) = (codes.as_ptr(), scales.as_ptr());
-        // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
-        // F16C (and AVX-512 VNNI where that body runs); the tile holds `nb` tile-blocks and
-        // every activation covers them (asserted).
-        unsafe {
-            macro_rules! go {
-                ($n:literal) => {{
-                    let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
-                    out[..$n].copy_from_slice(&if isa.has_avx512_vnni() {
-                        crate::avx512::packed_k::tile_q6k::<$n>(codes, scales, nb, a)
-                    } else {
-                        crate::avx2::packed_q6k::tile_dot::<$n>(codes, scales, nb, a)
-                    });
-                }};
-            }
-            match acts.len() {
-                1 => go!(1),
-                2 => go!(2),
-                3 => go!(3),
-                _ => go!(4),
-            }
-        }
-        return;
-    }
-    let _ = isa;
-    for (b, act) in acts.iter().enumerate() {
-        out[b] = tile_dot_portable(codes, scales, nb, act);
-    }
-}
-
-/// The 16 rows of one tile against one activation, in plain loops.
-fn tile_dot_portable(codes: &[u8], scales: &[u8], nb: usize, act: &Q8KActivation) -> [f32; TILE] {
+    act: &Q8KActivation,
+) -> [f32; TILE] {
     let (cb, sb) = (
         code_bytes(WeightFormat::Q6_K),
         scale_bytes(WeightFormat::Q6_K),
