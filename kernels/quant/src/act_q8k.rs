@@ -1,4 +1,4 @@
-//! The Q8_K activation of the K-quant packed products (`packed_q4k`, `packed_q6k`): llama.cpp's
+//! The Q8_K activation of the K-quant packed products (`packed_q4k`): llama.cpp's
 //! `quantize_row_q8_K_ref` per 256 values (d = max / −127, codes round(x / d)) with the sum
 //! of each 32 codes (Q4_K's minimums multiply them) and of each 16 (Q6_K's code offset).
 

@@ -45,10 +45,10 @@ pub mod packed;
 pub mod packed_codes;
 /// The byte layout of the packed tiles.
 pub mod packed_layout;
-/// The Q4_K packed product: Q8_K activations, the dispatch and the portable body.
+/// The portable tier's bodies of the packed tiles (vectorised plain loops).
+pub mod packed_portable;
+/// The K-quant packed products (Q4_K, Q6_K): Q8_K activations and the dispatch.
 pub mod packed_q4k;
-/// The Q6_K packed product: the dispatch and the portable body.
-pub mod packed_q6k;
 /// What the in-register kernels know of a format; header readers; per-format dispatch.
 pub mod plan;
 /// Plain-loop products: any CPU.

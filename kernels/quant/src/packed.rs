@@ -35,7 +35,7 @@
 //!   (128 bytes: group g of k-steps 4g..4g+4, byte 4r + b, bits 2t..2t+2 of k-step 4g + t);
 //!   scales the 16 rows' f16 d, then s[G][r] as i8 (16 × 16). The product is llama.cpp's
 //!   `vec_dot_q6_K_q8_K`: Σ_G s_G·Σc·q exact in i32, less 32·Σ_G s_G·Σq (Q8_K's sums of
-//!   16), times d·d_x (`packed_q6k`).
+//!   16), times d·d_x (`packed_q4k`).
 //!
 //! Codes + scales are 16 × the ggml block (288, 320, 352, 544, Q6_K 3360 bytes; Q4_K
 //! 2368 = 16 × 144 + 64), so packing costs no memory beyond padding the last tile to 16 rows
@@ -51,7 +51,6 @@ use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::{decode_block, QuantMatrix};
 use crate::packed_codes;
-use crate::packed_layout::Q5_HI;
 pub use crate::packed_layout::{
     block_values, code_bytes, scale_bytes, tile_block_bytes, BLOCK, SUPER, TILE,
 };
@@ -343,47 +342,10 @@ fn tile_dot(
         return;
     }
     let _ = isa;
+    let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
     for (b, act) in acts.iter().enumerate() {
-        out[b] = tile_dot_portable(w, t, act);
+        out[b] = crate::packed_portable::tile_dot_q8(w.format, codes, scales, w.blocks(), act);
     }
-}
-
-/// The 16 rows of tile t against one activation, in plain loops.
-fn tile_dot_portable(w: &PackedMatrix, t: usize, act: &Q8Activation) -> [f32; TILE] {
-    let mut acc = [0.0f32; TILE];
-    let q8 = w.format == WeightFormat::Q8_0;
-    for k in 0..w.blocks() {
-        let (tb, sc) = (w.codes(t, k), w.scales(t, k));
-        let q = &act.q[k * BLOCK..(k + 1) * BLOCK];
-        for (r, a) in acc.iter_mut().enumerate() {
-            let mut dot = 0i32;
-            for s in 0..8 {
-                for b in 0..4 {
-                    let c = if q8 {
-                        tb[64 * s + 4 * r + b] as i8 as i32
-                    } else {
-                        let byte = tb[64 * (s / 2) + 4 * r + b];
-                        let nibble = (if s % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as i32;
-                        match w.format {
-                            WeightFormat::Q4_0 => nibble - 8,
-                            WeightFormat::Q5_0 => {
-                                let fifth = (tb[Q5_HI + 4 * r + b] >> s) & 1;
-                                nibble + 16 * fifth as i32 - 16
-                            }
-                            _ => nibble,
-                        }
-                    };
-                    dot += c * q[4 * s + b] as i32;
-                }
-            }
-            let d = crate::ggml::f16_at(&sc[2 * r..]);
-            *a += d * act.d[k] * dot as f32;
-            if w.format == WeightFormat::Q4_1 {
-                *a += crate::ggml::f16_at(&sc[32 + 2 * r..]) * act.sum[k];
-            }
-        }
-    }
-    acc
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! and the code and scale bytes of each tile-block per format (Q4_K's unpacked 6-bit scales
 //! and minimums at `Q4K_SC` / `Q4K_MN`, Q5_0's 5th-bit plane at `Q5_HI`, Q6_K's 2-bit plane
 //! at `Q6K_HI` of each sub-block and its i8 scales at `Q6K_SC`). A leaf, so the tile kernels
-//! (`packed_q4k`, `packed_q6k`, `avx2::*`) read the layout without importing the matrix that
+//! (`packed_q4k`, `packed_portable`, `avx2::*`) read the layout without importing the matrix that
 //! owns it.
 
 use crate::format::WeightFormat;

@@ -1,14 +1,20 @@
-//! The Q4_K packed product (`crate::packed`'s Q4_K tiles): llama.cpp's `vec_dot_q4_K_q8_K`
-//! arithmetic on 16-row tiles. The activation is quantised to Q8_K per 256 values
-//! (`quantize_row_q8_K_ref`: d = max / −127, codes round(x / d)), with the sum of each 32
-//! codes; per row and super-block the kernels form two exact integers, Σ_j sc_j·Σ(c·q) over
-//! the 8 sub-blocks and Σ_j m_j·Σq, and add d·d_x·the first − dmin·d_x·the second. The AVX2
-//! body is `avx2::packed_q4k`, the AVX-512 VNNI one `avx512::packed_k` (an AVX-512 tier
-//! without VNNI runs the AVX2 body); this file holds the dispatch of both K-quant tiles (Q4_K,
-//! Q6_K) and the Q4_K plain-loop body of the portable tier.
+//! The K-quant packed products (`crate::packed`'s Q4_K and Q6_K tiles): llama.cpp's
+//! `vec_dot_q4_K_q8_K` and `vec_dot_q6_K_q8_K` arithmetic on 16-row tiles, and the one
+//! dispatch of their bodies. The activation is quantised to Q8_K per 256 values
+//! (`quantize_row_q8_K_ref`: d = max / −127, codes round(x / d)), with the sum of each 32 and
+//! each 16 codes (`act_q8k`).
+//! - Q4_K: per row and super-block two exact integers, Σ_j sc_j·Σ(c·q) over the 8 sub-blocks
+//!   and Σ_j m_j·Σq, then d·d_x·the first − dmin·d_x·the second.
+//! - Q6_K: one exact integer, Σ_G s_G·Σ(c − 32)·q over the 16 groups of 16 — computed as
+//!   Σ_G s_G·Σc·q − 32·Σ_G s_G·Σq so the unsigned 6-bit codes feed `vpmaddubsw` directly —
+//!   times d·d_x.
+//!
+//! The AVX2 bodies are `avx2::packed_q4k` / `avx2::packed_q6k`, the AVX-512 VNNI ones
+//! `avx512::packed_k` (an AVX-512 tier without VNNI runs the AVX2 bodies), the portable ones
+//! `packed_portable`.
 
 pub use crate::act_q8k::{activation_as_seen, quantize, Q8KActivation};
-use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC, SUPER, TILE};
+use crate::packed_layout::{code_bytes, scale_bytes, SUPER, TILE};
 use crate::WeightFormat;
 use kernel_cpu::Isa;
 
@@ -72,44 +78,9 @@ pub(crate) fn tile_dot(
     let _ = isa;
     for (b, act) in acts.iter().enumerate() {
         out[b] = if q6 {
-            crate::packed_q6k::tile_dot_portable(codes, scales, nb, act)
+            crate::packed_portable::tile_dot_q6k(codes, scales, nb, act)
         } else {
-            tile_dot_portable(codes, scales, nb, act)
+            crate::packed_portable::tile_dot_q4k(codes, scales, nb, act)
         };
     }
-}
-
-/// The 16 rows of one tile against one activation, in plain loops.
-fn tile_dot_portable(codes: &[u8], scales: &[u8], nb: usize, act: &Q8KActivation) -> [f32; TILE] {
-    let (cb, sb) = (
-        code_bytes(WeightFormat::Q4_K),
-        scale_bytes(WeightFormat::Q4_K),
-    );
-    let mut acc = [0.0f32; TILE];
-    for k in 0..nb {
-        let (codes, sc) = (&codes[k * cb..], &scales[k * sb..]);
-        let q = &act.q[k * SUPER..(k + 1) * SUPER];
-        let dx = act.d[k];
-        for (r, a) in acc.iter_mut().enumerate() {
-            let (mut isum, mut imin) = (0i32, 0i32);
-            for j in 0..8 {
-                let sub = &codes[256 * j..256 * (j + 1)];
-                let mut dot = 0i32;
-                for s in 0..8 {
-                    for b in 0..4 {
-                        let byte = sub[64 * (s / 2) + 4 * r + b];
-                        let c = if s % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                        dot += c as i32 * q[32 * j + 4 * s + b] as i32;
-                    }
-                }
-                isum += sc[Q4K_SC + TILE * j + r] as i32 * dot;
-                imin += sc[Q4K_MN + TILE * j + r] as i32 * act.bsum[8 * k + j] as i32;
-            }
-            let d = crate::ggml::f16_at(&sc[2 * r..]);
-            let dmin = crate::ggml::f16_at(&sc[32 + 2 * r..]);
-            *a += d * dx * isum as f32;
-            *a -= dmin * dx * imin as f32;
-        }
-    }
-    acc
 }

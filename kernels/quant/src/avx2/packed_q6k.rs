@@ -1,5 +1,5 @@
 //! The Q6_K packed-tile kernel on AVX2 (layout in `crate::packed_layout`, arithmetic in
-//! `crate::packed_q6k`): one 8-row half of a tile at a time, a row per 32-bit lane. Per group
+//! `crate::packed_q4k`): one 8-row half of a tile at a time, a row per 32-bit lane. Per group
 //! of 16 values (4 k-steps) the half's 4 code vectors are built once — two nibble loads split
 //! into low and high nibbles, one load of the 2-bit plane shifted into bits 4..5 of each byte
 //! (3 ops per k-step) — and serve every activation of the pass: `vpmaddubsw` with the

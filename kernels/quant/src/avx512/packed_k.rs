@@ -1,5 +1,5 @@
 //! The K-quant packed-tile kernels with AVX-512 VNNI (layouts in `crate::packed_layout`,
-//! arithmetic in `crate::packed_q4k` / `crate::packed_q6k`): a 16-row tile is one zmm, a row
+//! arithmetic in `crate::packed_q4k`): a 16-row tile is one zmm, a row
 //! per 32-bit lane. A sub-block's (Q4_K: 32 values) or group's (Q6_K: 16) code vectors are
 //! built once and serve every activation of the pass; `vpdpbusd` (u8 codes × s8 Q8_K codes)
 //! sums them exactly in i32 — no i16 bound to respect, unlike `vpmaddubsw` on AVX2 — and one

@@ -1,0 +1,404 @@
+//! The portable tier's bodies of the packed tiles (`crate::packed`: Q4_0, Q4_1, Q5_0, Q8_0,
+//! Q4_K, Q6_K), no intrinsics. Each 64-byte code group is walked as eight chunks of eight
+//! i16 lanes (lane 4r + b: row r, lane byte b), the activation's four bytes of a k-step
+//! repeated twice per chunk, so the compiler vectorises the loop at the baseline ISA
+//! (SSE2's `pmullw`/`paddw` on x86-64, NEON on aarch64) — the scalar per-row loops they
+//! replace ran 10–30× slower than the AVX2 bodies. The arithmetic is the SIMD bodies'
+//! exactly: per block (or K-quant sub-block, or Q6_K group of 16) an exact integer Σc·q over
+//! the unsigned codes, which fits i16 per lane (≤ 8 k-steps · 31 · 127 = 31496 for Q5_0's
+//! 5-bit codes, 4 · 63 · 127 = 32004 for a Q6_K half; Q8_0's signed codes accumulate in i32),
+//! then the format's code offset taken off with Σq and the f32 scales applied as
+//! `tile_dot_portable` did.
+
+use crate::act_q8::Q8Activation;
+use crate::act_q8k::Q8KActivation;
+use crate::ggml::f16_le;
+use crate::packed_layout::{
+    code_bytes, scale_bytes, BLOCK, Q4K_MN, Q4K_SC, Q6K_SC, Q6K_SUB, SUPER, TILE,
+};
+use crate::WeightFormat;
+
+#[cfg(not(target_arch = "x86_64"))]
+use plain as cores;
+/// How far ahead of the tile-block in use the 32-value formats' codes are prefetched (the
+/// K-quants fetch the next super-block, 2–3 KB ahead).
+const AHEAD_BYTES: usize = 2048;
+
+/// The integer cores: Σ code·q per row of one tile-block piece, SSE2 on x86-64 (part of
+/// every x86-64, as `codec_kernels::prims::Plain` uses it), plain loops elsewhere; a test
+/// holds the two equal on arbitrary bytes.
+#[cfg(target_arch = "x86_64")]
+use sse2 as cores;
+
+/// Plain loops over the layout (the cores of non-x86 CPUs, and the SSE2 cores' oracle).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+mod plain {
+    use crate::packed_layout::{Q5_HI, Q6K_HI, TILE};
+
+    /// Unsigned code of row r, k-step s, lane byte b of a Q4_0-style nibble block.
+    fn nibble(codes: &[u8], r: usize, s: usize, b: usize) -> i32 {
+        let byte = codes[64 * (s / 2) + 4 * r + b];
+        (if s.is_multiple_of(2) { byte & 0x0F } else { byte >> 4 }) as i32
+    }
+
+    fn dots(
+        steps: std::ops::Range<usize>,
+        code: impl Fn(usize, usize, usize) -> i32,
+        q: &[i8],
+    ) -> [i32; TILE] {
+        std::array::from_fn(|r| {
+            let mut dot = 0;
+            for s in steps.clone() {
+                for b in 0..4 {
+                    dot += code(r, s, b) * q[4 * s + b] as i32;
+                }
+            }
+            dot
+        })
+    }
+
+    /// No prefetch hint without the SSE instruction.
+    pub fn prefetch(_codes: &[u8], _at: usize, _len: usize) {}
+
+    /// Σ nibble·q per row of a Q4_0-style block (256 bytes).
+    pub fn q4_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+        dots(0..8, |r, s, b| nibble(codes, r, s, b), q)
+    }
+
+    /// Σ (nibble + 16·5th bit)·q per row of a Q5_0 tile-block.
+    pub fn q5_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+        let code =
+            |r, s, b| nibble(codes, r, s, b) + 16 * ((codes[Q5_HI + 4 * r + b] >> s) & 1) as i32;
+        dots(0..8, code, q)
+    }
+
+    /// Σ c·q per row of a Q8_0 tile-block (signed codes, group s = k-step s).
+    pub fn q8_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+        dots(0..8, |r, s, b| codes[64 * s + 4 * r + b] as i8 as i32, q)
+    }
+
+    /// Σ (nibble + 16·top 2 bits)·q per row over k-steps 4g..4g + 4 of a Q6_K sub-block.
+    pub fn q6_half(sub: &[u8], q: &[i8], g: usize) -> [i32; TILE] {
+        assert!(g < 2);
+        let code = |r, s: usize, b| {
+            let t = s - 4 * g;
+            nibble(sub, r, s, b) + 16 * ((sub[Q6K_HI + 64 * g + 4 * r + b] >> (2 * t)) & 3) as i32
+        };
+        dots(4 * g..4 * g + 4, code, q)
+    }
+}
+
+/// The cores in SSE2: one 16-byte load holds 4 rows × 4 lane bytes; the codes are widened to
+/// i16 and `pmaddwd` against the k-step's 4 activation bytes (repeated) gives each row's pair
+/// sums in i32, so nothing can overflow; the pairs are added at the end.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use crate::packed_layout::{Q5_HI, Q6K_HI, TILE};
+    use std::arch::x86_64::*;
+
+    /// acc[2i] (rows 4i, 4i + 1) and acc[2i + 1] (rows 4i + 2, 4i + 3): pair sums.
+    type Acc = [__m128i; 8];
+
+    /// Asks for the cache lines of `codes[at..at + len]` (`prefetcht0`; addresses past the end
+    /// are only hinted, never read). The 16-row tiles stream several KB per row group, and
+    /// these cores keep too few loads in flight for the hardware prefetcher alone: without the
+    /// hint a 4096×4096 Q4_K GEMV streamed 4.3 GB/s, half the in-cache rate.
+    #[inline(always)]
+    pub fn prefetch(codes: &[u8], at: usize, len: usize) {
+        let base = codes.as_ptr();
+        for off in (at..at + len).step_by(64) {
+            // SAFETY: a prefetch is a hint: it never faults and reads nothing into the program.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(off) as *const i8) };
+        }
+    }
+
+    /// The activation's k-step s as 8 i16: q[4s..4s + 4] twice.
+    #[inline(always)]
+    unsafe fn step(q: &[i8; 32], s: usize) -> __m128i {
+        debug_assert!(s < 8);
+        let x = _mm_set1_epi32(std::ptr::read_unaligned(q.as_ptr().add(4 * s) as *const i32));
+        _mm_srai_epi16::<8>(_mm_unpacklo_epi8(x, x))
+    }
+
+    /// 16 bytes at `at` (`at + 16 <= N`, which every caller's constant offsets keep).
+    #[inline(always)]
+    unsafe fn load<const N: usize>(bytes: &[u8; N], at: usize) -> __m128i {
+        debug_assert!(at + 16 <= N);
+        _mm_loadu_si128(bytes.as_ptr().add(at) as *const __m128i)
+    }
+
+    /// The first N bytes of `b` and the first 32 activation codes of `q`, as arrays (one
+    /// bounds check each).
+    #[inline(always)]
+    fn arrays<'a, const N: usize>(b: &'a [u8], q: &'a [i8]) -> (&'a [u8; N], &'a [i8; 32]) {
+        (
+            b[..N].try_into().expect("a tile-block piece"),
+            q[..32].try_into().expect("32 activation codes"),
+        )
+    }
+
+    /// acc[2i..2i + 2] += unsigned codes `lo` · `ql` + `hi` · `qh` (rows 4i..4i + 4).
+    #[inline(always)]
+    unsafe fn madd_pair(
+        acc: &mut Acc,
+        i: usize,
+        lo: __m128i,
+        hi: __m128i,
+        ql: __m128i,
+        qh: __m128i,
+    ) {
+        let z = _mm_setzero_si128();
+        let l = _mm_add_epi32(
+            _mm_madd_epi16(_mm_unpacklo_epi8(lo, z), ql),
+            _mm_madd_epi16(_mm_unpacklo_epi8(hi, z), qh),
+        );
+        let h = _mm_add_epi32(
+            _mm_madd_epi16(_mm_unpackhi_epi8(lo, z), ql),
+            _mm_madd_epi16(_mm_unpackhi_epi8(hi, z), qh),
+        );
+        acc[2 * i] = _mm_add_epi32(acc[2 * i], l);
+        acc[2 * i + 1] = _mm_add_epi32(acc[2 * i + 1], h);
+    }
+
+    /// Bit `from` of every byte of `v` moved to bit 4 (`width` bits, then masked).
+    #[inline(always)]
+    unsafe fn bits_to_4(v: __m128i, from: i32, mask: i8) -> __m128i {
+        let moved = if from <= 4 {
+            _mm_sll_epi16(v, _mm_cvtsi32_si128(4 - from))
+        } else {
+            _mm_srl_epi16(v, _mm_cvtsi32_si128(from - 4))
+        };
+        _mm_and_si128(moved, _mm_set1_epi8(mask))
+    }
+
+    #[inline(always)]
+    unsafe fn reduce(acc: &Acc) -> [i32; TILE] {
+        let mut out = [0i32; TILE];
+        for i in 0..4 {
+            let (a, b) = (
+                _mm_castsi128_ps(acc[2 * i]),
+                _mm_castsi128_ps(acc[2 * i + 1]),
+            );
+            let even = _mm_castps_si128(_mm_shuffle_ps::<0x88>(a, b));
+            let odd = _mm_castps_si128(_mm_shuffle_ps::<0xDD>(a, b));
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(4 * i) as *mut __m128i,
+                _mm_add_epi32(even, odd),
+            );
+        }
+        out
+    }
+
+    /// Nibble groups `groups` of `codes`, with `upper(group, i, hi)` ORed into the codes.
+    #[inline(always)]
+    unsafe fn nibbles<const N: usize>(
+        codes: &[u8; N],
+        q: &[i8; 32],
+        groups: std::ops::Range<usize>,
+        first_step: usize,
+        upper: impl Fn(usize, usize, bool) -> __m128i,
+    ) -> [i32; TILE] {
+        let mut acc = [_mm_setzero_si128(); 8];
+        let m = _mm_set1_epi8(0x0F);
+        for (n, j) in groups.enumerate() {
+            let s = first_step + 2 * n;
+            let (ql, qh) = (step(q, s), step(q, s + 1));
+            for i in 0..4 {
+                let v = load(codes, 64 * j + 16 * i);
+                let lo = _mm_or_si128(_mm_and_si128(v, m), upper(n, i, false));
+                let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(v), m), upper(n, i, true));
+                madd_pair(&mut acc, i, lo, hi, ql, qh);
+            }
+        }
+        reduce(&acc)
+    }
+
+    pub fn q4_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+        let (codes, q) = arrays::<256>(codes, q);
+        // SAFETY: SSE2 is part of every x86-64; every load lies inside the arrays.
+        unsafe { nibbles(codes, q, 0..4, 0, |_, _, _| _mm_setzero_si128()) }
+    }
+
+    pub fn q5_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+        let (codes, q) = arrays::<{ Q5_HI + 64 }>(codes, q);
+        // SAFETY: as `q4_block`. Group n holds k-steps 2n (low) and 2n + 1 (high).
+        unsafe {
+            let plane: [__m128i; 4] = std::array::from_fn(|i| load(codes, Q5_HI + 16 * i));
+            nibbles(codes, q, 0..4, 0, |n, i, hi| {
+                bits_to_4(plane[i], (2 * n + hi as usize) as i32, 0x10)
+            })
+        }
+    }
+
+    pub fn q6_half(sub: &[u8], q: &[i8], g: usize) -> [i32; TILE] {
+        assert!(g < 2);
+        let (sub, q) = arrays::<{ Q6K_HI + 128 }>(sub, q);
+        // SAFETY: as `q4_block`. Nibble group 2g + n holds k-steps 4g + 2n, 4g + 2n + 1, whose
+        // top bits are bits 2t..2t + 2 (t = 2n, 2n + 1) of plane group g.
+        unsafe {
+            let plane: [__m128i; 4] = std::array::from_fn(|i| load(sub, Q6K_HI + 64 * g + 16 * i));
+            nibbles(sub, q, 2 * g..2 * g + 2, 4 * g, |n, i, hi| {
+                bits_to_4(plane[i], 2 * (2 * n + hi as usize) as i32, 0x30)
+            })
+        }
+    }
+
+    pub fn q8_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+        let (codes, q) = arrays::<512>(codes, q);
+        // SAFETY: as `q4_block`; the codes are sign-extended bytes.
+        unsafe {
+            let mut acc = [_mm_setzero_si128(); 8];
+            for s in 0..8 {
+                let qs = step(q, s);
+                for i in 0..4 {
+                    let v = load(codes, 64 * s + 16 * i);
+                    let l = _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
+                    let h = _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
+                    acc[2 * i] = _mm_add_epi32(acc[2 * i], _mm_madd_epi16(l, qs));
+                    acc[2 * i + 1] = _mm_add_epi32(acc[2 * i + 1], _mm_madd_epi16(h, qs));
+                }
+            }
+            reduce(&acc)
+        }
+    }
+}
+
+/// The 16 rows of tile-blocks `codes`/`scales` (Q4_0, Q4_1, Q5_0 or Q8_0) against one
+/// activation.
+pub(crate) fn tile_dot_q8(
+    format: WeightFormat,
+    codes: &[u8],
+    scales: &[u8],
+    nb: usize,
+    act: &Q8Activation,
+) -> [f32; TILE] {
+    let (cb, sb) = (code_bytes(format), scale_bytes(format));
+    let mut acc = [0.0f32; TILE];
+    for k in 0..nb {
+        cores::prefetch(codes, (k + AHEAD_BYTES / cb) * cb, cb);
+        let (tb, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
+        let q = &act.q[k * BLOCK..(k + 1) * BLOCK];
+        let (dots, offset) = match format {
+            WeightFormat::Q8_0 => (cores::q8_block(tb, q), 0),
+            WeightFormat::Q4_0 => (cores::q4_block(tb, q), 8),
+            WeightFormat::Q5_0 => (cores::q5_block(tb, q), 16),
+            _ => (cores::q4_block(tb, q), 0),
+        };
+        let off = offset * act.qsum[k];
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a += f16_le(&sc[2 * r..]) * act.d[k] * (dots[r] - off) as f32;
+            if format == WeightFormat::Q4_1 {
+                *a += f16_le(&sc[32 + 2 * r..]) * act.sum[k];
+            }
+        }
+    }
+    acc
+}
+
+/// The 16 rows of a Q4_K tile against one Q8_K activation.
+pub(crate) fn tile_dot_q4k(
+    codes: &[u8],
+    scales: &[u8],
+    nb: usize,
+    act: &Q8KActivation,
+) -> [f32; TILE] {
+    let (cb, sb) = (
+        code_bytes(WeightFormat::Q4_K),
+        scale_bytes(WeightFormat::Q4_K),
+    );
+    let mut acc = [0.0f32; TILE];
+    for k in 0..nb {
+        cores::prefetch(codes, (k + 1) * cb, cb);
+        let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
+        let q = &act.q[k * SUPER..(k + 1) * SUPER];
+        let (mut isum, mut imin) = ([0i32; TILE], [0i32; TILE]);
+        for j in 0..8 {
+            let dots = cores::q4_block(&codes[256 * j..], &q[BLOCK * j..]);
+            let bsum = act.bsum[8 * k + j] as i32;
+            for r in 0..TILE {
+                isum[r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[r];
+                imin[r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
+            }
+        }
+        let dx = act.d[k];
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a += f16_le(&sc[2 * r..]) * dx * isum[r] as f32;
+            *a -= f16_le(&sc[32 + 2 * r..]) * dx * imin[r] as f32;
+        }
+    }
+    acc
+}
+
+/// The 16 rows of a Q6_K tile against one Q8_K activation.
+pub(crate) fn tile_dot_q6k(
+    codes: &[u8],
+    scales: &[u8],
+    nb: usize,
+    act: &Q8KActivation,
+) -> [f32; TILE] {
+    let (cb, sb) = (
+        code_bytes(WeightFormat::Q6_K),
+        scale_bytes(WeightFormat::Q6_K),
+    );
+    let mut acc = [0.0f32; TILE];
+    for k in 0..nb {
+        cores::prefetch(codes, (k + 1) * cb, cb);
+        let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
+        let q = &act.q[k * SUPER..(k + 1) * SUPER];
+        let (mut isum, mut ioff) = ([0i32; TILE], [0i32; TILE]);
+        for j in 0..8 {
+            let sub = &codes[Q6K_SUB * j..Q6K_SUB * (j + 1)];
+            let qj = &q[BLOCK * j..BLOCK * (j + 1)];
+            // Half g: k-steps 4g..4g + 4 (one scale), nibble groups 2g and 2g + 1, plane group g.
+            for g in 0..2 {
+                let dots = cores::q6_half(sub, qj, g);
+                let group = 2 * j + g;
+                let bsum = act.bsum16[16 * k + group] as i32;
+                for r in 0..TILE {
+                    let s = sc[Q6K_SC + TILE * group + r] as i8 as i32;
+                    isum[r] += s * dots[r];
+                    ioff[r] += s * bsum;
+                }
+            }
+        }
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a += f16_le(&sc[2 * r..]) * act.d[k] * (isum[r] - 32 * ioff[r]) as f32;
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// xorshift bytes: arbitrary codes, every bit pattern of the planes.
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_cores_equal_the_plain_loops_on_arbitrary_bytes() {
+        for seed in 1..100u64 {
+            let codes = bytes(512, seed);
+            let q: Vec<i8> = bytes(32, seed + 1000)
+                .into_iter()
+                .map(|b| (b as i8).max(-127))
+                .collect();
+            assert_eq!(cores::q4_block(&codes, &q), plain::q4_block(&codes, &q));
+            assert_eq!(cores::q5_block(&codes, &q), plain::q5_block(&codes, &q));
+            assert_eq!(cores::q8_block(&codes, &q), plain::q8_block(&codes, &q));
+            for g in 0..2 {
+                assert_eq!(cores::q6_half(&codes, &q, g), plain::q6_half(&codes, &q, g));
+            }
+        }
+    }
+}
