@@ -44,7 +44,16 @@ pub fn machine_key() -> String {
 }
 
 /// (sha, dirty) of the git checkout in the working directory, or ("unknown", false).
+///
+/// Read once per process, at the first call (`main` makes it before any command runs), so a
+/// file the run itself rewrites — the machine's roofline in `results/roofline/` — does not
+/// mark a run from a clean tree as dirty.
 pub fn git_state() -> (String, bool) {
+    static STATE: std::sync::OnceLock<(String, bool)> = std::sync::OnceLock::new();
+    STATE.get_or_init(read_git_state).clone()
+}
+
+fn read_git_state() -> (String, bool) {
     let run = |args: &[&str]| {
         Command::new("git")
             .args(args)

@@ -584,7 +584,10 @@ fn parse() -> Cli {
 }
 
 fn main() {
-    let code = match run(parse()) {
+    let args = parse();
+    // The tree's state before this run writes anything (its provenance).
+    let _ = harness::machine::git_state();
+    let code = match run(args) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", e.one_line());
