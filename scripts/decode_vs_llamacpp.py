@@ -37,6 +37,17 @@ def run(cmd):
     return out.stdout
 
 
+def source_version(llama_bench_path):
+    """The llama.cpp release a build came from: scripts/fetch-peers.sh writes it to VERSION beside
+    the build-* folders (llama-bench's own build_commit/build_number come from whatever git
+    repository encloses the source, which before the fix in fetch-peers.sh was this one)."""
+    at = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(llama_bench_path)))), "VERSION")
+    try:
+        return open(at).read().strip()
+    except OSError:
+        return "release unknown"
+
+
 def llama_bench(path, model, threads, test):
     """(tokens/s, its JSON row), or (None, the failure) when llama-bench dies."""
     args = [path, "-m", model, "-t", str(threads), "-r", "1", "-o", "json"]
@@ -107,6 +118,7 @@ def main():
                         continue
                     samples.setdefault(f"{isa}|{test}|llama.cpp {label}", []).append(ts)
                     versions[label] = {k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+                    versions[label]["source"] = source_version(path)
                 for m in matmuls:
                     ts, _ = ours(a.harness, a.model, a.threads, isa, m, test, prompt_ids)
                     samples.setdefault(f"{isa}|{test}|{m}", []).append(ts)
@@ -141,7 +153,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, run_id + ".json"), "w") as f:
         json.dump(prov, f, indent=1)
-    builds_txt = ", ".join(f"{k}: build {v['build_number']} ({v['build_commit']})" for k, v in versions.items())
+    builds_txt = ", ".join(f"{k}: {v['source']}, build {v['build_number']} ({v['build_commit']})" for k, v in versions.items())
     md = [f"# decode_vs_llamacpp {run_id}\n",
           f"**Machine.** {cpu}, {a.threads} threads; git {prov['git_sha']}{' (dirty)' if prov['git_dirty'] else ''}; "
           f"llama.cpp {builds_txt}.\n",

@@ -55,7 +55,9 @@ for b in $builds; do
         echo "llama.cpp build $b: already in $out/bin"
         continue
     fi
-    cmake -S "$src" -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+    # GIT_CEILING_DIRECTORIES: the source lies inside this repository's target/, and llama.cpp's
+    # build info would otherwise record this repository's commit as llama.cpp's.
+    GIT_CEILING_DIRECTORIES="$peers/llama.cpp" cmake -S "$src" -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF "${flags[@]}" > "$out.configure.log"
     cmake --build "$out" --target llama-bench llama-perplexity llama-tokenize llama-quantize llama-batched-bench -j "$(nproc)" > "$out.build.log"
