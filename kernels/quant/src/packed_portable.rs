@@ -38,7 +38,11 @@ mod plain {
     /// Unsigned code of row r, k-step s, lane byte b of a Q4_0-style nibble block.
     fn nibble(codes: &[u8], r: usize, s: usize, b: usize) -> i32 {
         let byte = codes[64 * (s / 2) + 4 * r + b];
-        (if s.is_multiple_of(2) { byte & 0x0F } else { byte >> 4 }) as i32
+        (if s.is_multiple_of(2) {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        }) as i32
     }
 
     fn dots(
@@ -295,6 +299,27 @@ pub(crate) fn tile_dot_q8(
     acc
 }
 
+/// Walks the super-blocks of one K-quant tile: prefetches the next one and hands `body`
+/// super-block k's codes, scales and activation codes with the tile's 16 sums.
+fn for_each_super(
+    format: WeightFormat,
+    codes: &[u8],
+    scales: &[u8],
+    nb: usize,
+    act: &Q8KActivation,
+    mut body: impl FnMut(&[u8], &[u8], &[i8], usize, &mut [f32; TILE]),
+) -> [f32; TILE] {
+    let (cb, sb) = (code_bytes(format), scale_bytes(format));
+    let mut acc = [0.0f32; TILE];
+    for k in 0..nb {
+        cores::prefetch(codes, (k + 1) * cb, cb);
+        let q = &act.q[k * SUPER..(k + 1) * SUPER];
+        let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
+        body(codes, sc, q, k, &mut acc);
+    }
+    acc
+}
+
 /// The 16 rows of a Q4_K tile against one Q8_K activation.
 pub(crate) fn tile_dot_q4k(
     codes: &[u8],
@@ -302,31 +327,29 @@ pub(crate) fn tile_dot_q4k(
     nb: usize,
     act: &Q8KActivation,
 ) -> [f32; TILE] {
-    let (cb, sb) = (
-        code_bytes(WeightFormat::Q4_K),
-        scale_bytes(WeightFormat::Q4_K),
-    );
-    let mut acc = [0.0f32; TILE];
-    for k in 0..nb {
-        cores::prefetch(codes, (k + 1) * cb, cb);
-        let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
-        let q = &act.q[k * SUPER..(k + 1) * SUPER];
-        let (mut isum, mut imin) = ([0i32; TILE], [0i32; TILE]);
-        for j in 0..8 {
-            let dots = cores::q4_block(&codes[256 * j..], &q[BLOCK * j..]);
-            let bsum = act.bsum[8 * k + j] as i32;
-            for r in 0..TILE {
-                isum[r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[r];
-                imin[r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
+    for_each_super(
+        WeightFormat::Q4_K,
+        codes,
+        scales,
+        nb,
+        act,
+        |codes, sc, q, k, acc| {
+            let (mut isum, mut imin) = ([0i32; TILE], [0i32; TILE]);
+            for j in 0..8 {
+                let dots = cores::q4_block(&codes[256 * j..], &q[BLOCK * j..]);
+                let bsum = act.bsum[8 * k + j] as i32;
+                for r in 0..TILE {
+                    isum[r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[r];
+                    imin[r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
+                }
             }
-        }
-        let dx = act.d[k];
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a += f16_le(&sc[2 * r..]) * dx * isum[r] as f32;
-            *a -= f16_le(&sc[32 + 2 * r..]) * dx * imin[r] as f32;
-        }
-    }
-    acc
+            let dx = act.d[k];
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a += f16_le(&sc[2 * r..]) * dx * isum[r] as f32;
+                *a -= f16_le(&sc[32 + 2 * r..]) * dx * imin[r] as f32;
+            }
+        },
+    )
 }
 
 /// The 16 rows of a Q6_K tile against one Q8_K activation.
@@ -336,36 +359,34 @@ pub(crate) fn tile_dot_q6k(
     nb: usize,
     act: &Q8KActivation,
 ) -> [f32; TILE] {
-    let (cb, sb) = (
-        code_bytes(WeightFormat::Q6_K),
-        scale_bytes(WeightFormat::Q6_K),
-    );
-    let mut acc = [0.0f32; TILE];
-    for k in 0..nb {
-        cores::prefetch(codes, (k + 1) * cb, cb);
-        let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
-        let q = &act.q[k * SUPER..(k + 1) * SUPER];
-        let (mut isum, mut ioff) = ([0i32; TILE], [0i32; TILE]);
-        for j in 0..8 {
-            let sub = &codes[Q6K_SUB * j..Q6K_SUB * (j + 1)];
-            let qj = &q[BLOCK * j..BLOCK * (j + 1)];
-            // Half g: k-steps 4g..4g + 4 (one scale), nibble groups 2g and 2g + 1, plane group g.
-            for g in 0..2 {
-                let dots = cores::q6_half(sub, qj, g);
-                let group = 2 * j + g;
-                let bsum = act.bsum16[16 * k + group] as i32;
-                for r in 0..TILE {
-                    let s = sc[Q6K_SC + TILE * group + r] as i8 as i32;
-                    isum[r] += s * dots[r];
-                    ioff[r] += s * bsum;
+    for_each_super(
+        WeightFormat::Q6_K,
+        codes,
+        scales,
+        nb,
+        act,
+        |codes, sc, q, k, acc| {
+            let (mut isum, mut ioff) = ([0i32; TILE], [0i32; TILE]);
+            for j in 0..8 {
+                let sub = &codes[Q6K_SUB * j..Q6K_SUB * (j + 1)];
+                let qj = &q[BLOCK * j..BLOCK * (j + 1)];
+                // Half g: k-steps 4g..4g + 4 (one scale), nibble groups 2g and 2g + 1, plane group g.
+                for g in 0..2 {
+                    let dots = cores::q6_half(sub, qj, g);
+                    let group = 2 * j + g;
+                    let bsum = act.bsum16[16 * k + group] as i32;
+                    for r in 0..TILE {
+                        let s = sc[Q6K_SC + TILE * group + r] as i8 as i32;
+                        isum[r] += s * dots[r];
+                        ioff[r] += s * bsum;
+                    }
                 }
             }
-        }
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a += f16_le(&sc[2 * r..]) * act.d[k] * (isum[r] - 32 * ioff[r]) as f32;
-        }
-    }
-    acc
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a += f16_le(&sc[2 * r..]) * act.d[k] * (isum[r] - 32 * ioff[r]) as f32;
+            }
+        },
+    )
 }
 
 #[cfg(test)]
