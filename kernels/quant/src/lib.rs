@@ -45,7 +45,8 @@ pub mod packed;
 pub mod packed_codes;
 /// The byte layout of the packed tiles.
 pub mod packed_layout;
-/// The portable tier's bodies of the packed tiles (vectorised plain loops).
+/// The portable tier's bodies of the packed tiles (SSE2 integer cores on x86-64, plain loops
+/// elsewhere).
 pub mod packed_portable;
 /// The K-quant packed products (Q4_K, Q6_K): Q8_K activations and the dispatch.
 pub mod packed_q4k;
