@@ -4,7 +4,7 @@
 //! results/check/<run-id>.csv as it happens — plus the per-variant summary printed at the end.
 
 use crate::error::Result;
-use crate::row::{Head, Row, RowWriter};
+use crate::row::{Heads, Row, RowWriter};
 use crate::Format;
 use kernel_common::{tolerance, DType, Device, ErrorStats, Tolerance};
 use serde::{Deserialize, Serialize};
@@ -106,14 +106,8 @@ impl Ctx<'_> {
             Err(why) if why.starts_with("device error:") => ("fail", None, why),
             Err(why) => ("unsupported", None, why),
         };
-        let mut head = Head::new(
-            &self.run_id,
-            "check",
-            variant,
-            &self.opts.device.to_string(),
-            seed,
-        );
-        head.status = status.into();
+        let head = Heads::new(&self.run_id, "check", &self.opts.device.to_string())
+            .with_status(variant, seed, status);
         let mut row = Row::new(
             head,
             CheckCols {

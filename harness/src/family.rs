@@ -57,29 +57,47 @@ pub struct VariantInfo {
     pub about: &'static str,
 }
 
-/// The variants of a kernel crate's `VARIANTS` table as this family's list.
-pub fn listed(
-    family: &'static str,
-    table: &'static [kernel_common::VariantInfo],
-) -> Vec<VariantInfo> {
+/// A row of a variant table: a kernel crate's `Variant` (with its constructor) or the plain
+/// `VariantInfo` of a family whose experiments run fixed named variants.
+pub trait TableRow {
+    fn row(&self) -> kernel_common::VariantInfo;
+}
+
+impl TableRow for kernel_common::VariantInfo {
+    fn row(&self) -> kernel_common::VariantInfo {
+        *self
+    }
+}
+
+impl<K: 'static> TableRow for kernel_common::Variant<K> {
+    fn row(&self) -> kernel_common::VariantInfo {
+        self.info()
+    }
+}
+
+/// The rows of a variant table as this family's list.
+pub fn listed<R: TableRow>(family: &'static str, table: &[R]) -> Vec<VariantInfo> {
     table
         .iter()
-        .map(|v| VariantInfo {
-            family,
-            name: v.name,
-            device: v.device.as_str(),
-            about: v.about,
+        .map(|r| {
+            let v = r.row();
+            VariantInfo {
+                family,
+                name: v.name,
+                device: v.device.as_str(),
+                about: v.about,
+            }
         })
         .collect()
 }
 
 /// Fails with one line unless `name` is one of `table`'s variants: the check of a family whose
 /// experiments run fixed named variants (an allocator, the engine, the driver).
-pub fn one_of(family: &str, table: &[kernel_common::VariantInfo], name: &str) -> Result<()> {
-    if table.iter().any(|v| v.name == name) {
+pub fn one_of<R: TableRow>(family: &str, table: &[R], name: &str) -> Result<()> {
+    if table.iter().any(|v| v.row().name == name) {
         return Ok(());
     }
-    let known: Vec<&str> = table.iter().map(|v| v.name).collect();
+    let known: Vec<&str> = table.iter().map(|v| v.row().name).collect();
     Err(crate::error::HarnessError::Usage(format!(
         "'{name}' is not a variant of a {family} experiment (it has: {})",
         known.join(", ")

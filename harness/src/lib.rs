@@ -18,6 +18,8 @@ pub mod checking;
 pub mod error;
 /// The `Family` record and `VariantInfo`: what a family gives the harness.
 pub mod family;
+/// The load flags (--attention, --weights, --capacity, --matmul, --kv-cache): one parsing route.
+pub mod load_flags;
 /// Host, CPU, git and rustc facts for provenance.
 pub mod machine;
 /// Warm-up, cache flushing, repetitions and percentiles.
@@ -32,7 +34,7 @@ pub mod peer;
 pub mod provenance;
 /// Perplexity runs with KL against a reference run; reference-logits files.
 pub mod quality;
-/// Variant lookup by spec string across the kernel crates, and where a variant runs.
+/// Variant lookup by spec string across the kernel crates' tables, and where a variant runs.
 pub mod registry;
 /// Markdown reports and SVG plots of a run, from its CSV.
 pub mod render;
@@ -62,9 +64,6 @@ pub mod families;
 /// `harness check`, `exp`, `plan`, `merge`, `render`, `replay`, `generate`, `eval`.
 pub mod commands;
 
-use error::{HarnessError, Result};
-use kernel_common::Device;
-
 #[global_allocator]
 static GLOBAL: alloc::CountingAlloc = alloc::CountingAlloc;
 
@@ -73,25 +72,6 @@ static GLOBAL: alloc::CountingAlloc = alloc::CountingAlloc;
 pub enum Format {
     Table,
     Json,
-}
-
-/// Fails with one line unless `device` is usable: the CPU always is; CUDA needs a driver, a
-/// device, and at least one variant with a CUDA implementation.
-pub fn require_device(
-    device: Device,
-    mut supports: impl Iterator<Item = kernel_common::error::Result<()>>,
-) -> Result<()> {
-    if let Device::Cuda(n) = device {
-        // Driver, device and NVRTC, each missing one named in one line; opens the context
-        // that the CUDA variants use.
-        kernel_cuda::CudaRuntime::get(n)?;
-        if !supports.any(|s| s.is_ok()) {
-            return Err(HarnessError::Usage(format!(
-                "{device} is present but no variant asked for has a CUDA implementation yet; use --device cpu"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Every family's CUDA sources, in family order: what the CI compile check compiles.
@@ -106,3 +86,9 @@ pub fn cuda_sources() -> Vec<kernel_cuda::KernelSource> {
         kernel_cuda::roofline::SOURCE,
     ]
 }
+
+/// ARCHITECTURE.md, whose worked examples are compiled and run as doctests so the files and
+/// fields they name stay the real ones.
+#[doc = include_str!("../../ARCHITECTURE.md")]
+#[cfg(doctest)]
+pub struct ArchitectureExamples;

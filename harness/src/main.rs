@@ -4,12 +4,12 @@
 
 use clap::{Args, Parser, Subcommand};
 use harness::checking::CheckOptions;
-use harness::commands::{check, compare, eval, exp, generate, merge, replay};
+use harness::commands::{check, compare, eval, exp, generate, list, merge, replay, roofline};
 use harness::error::{HarnessError, Result};
 use harness::mem_guard::MemBudget;
 use harness::run_files::ExpOptions;
 use harness::sweep::{Shard, SweepOptions};
-use harness::{families, machine, peer, roofline, spec::ExperimentSpec, workspace, Format};
+use harness::{machine, workspace, Format};
 use kernel_common::{DType, Device};
 use std::path::PathBuf;
 
@@ -309,76 +309,7 @@ fn run(cli: Cli) -> Result<i32> {
         Command::List => {
             // The folder is found (or refused) before anything is printed.
             let experiments_dir = dir_or_workspace(cli.experiments_dir, "experiments")?;
-            let specs = ExperimentSpec::list(&experiments_dir)?;
-            println!("{}\n", machine::isa_summary());
-            println!("Families:");
-            for f in families::FAMILIES {
-                let does: Vec<&str> = [
-                    f.check.is_some().then_some("check"),
-                    f.exp.is_some().then_some("exp"),
-                    f.replay.is_some().then_some("replay"),
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
-                println!("  {:<10} [{}] {}", f.name, does.join(" "), f.about);
-            }
-            println!("\nVariants (use as --variant NAME[:key=value,...]):");
-            for v in families::all_variants() {
-                println!(
-                    "  {:<10} {:<14} {:<5} {}",
-                    v.family, v.name, v.device, v.about
-                );
-            }
-            println!("\nExperiments (harness exp NAME):");
-            for spec in specs {
-                println!(
-                    "  {:<18} [{}] {}",
-                    spec.name,
-                    spec.claims.join(" "),
-                    spec.question.trim().lines().next().unwrap_or("")
-                );
-            }
-            let peers_dir = workspace::root().map(|r| r.join("scripts/peers"));
-            let peers: Vec<_> = peers_dir
-                .iter()
-                .flat_map(|d| {
-                    peer::list(d)
-                        .into_iter()
-                        .map(move |n| peer::read_manifest(d, &n))
-                })
-                .flatten()
-                .collect();
-            if !peers.is_empty() {
-                println!("\nPeers (use as --peer NAME[:option=value,...]; scripts/fetch-peers.sh installs them):");
-                for m in peers {
-                    let options: Vec<String> = m
-                        .options
-                        .iter()
-                        .map(|(k, v)| format!("{k}={}", v.join("|")))
-                        .collect();
-                    println!(
-                        "  {:<12} {:<9} [{}] {}{}",
-                        m.name,
-                        m.families.join(","),
-                        m.devices.join(","),
-                        m.about,
-                        if options.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (options: {})", options.join(", "))
-                        }
-                    );
-                }
-            }
-            for f in families::FAMILIES {
-                let Some(exp) = &f.exp else { continue };
-                println!("\nGrid keys for --set ({} experiments):", f.name);
-                for (k, about) in exp.grid_keys {
-                    println!("  {k:<11} {about}");
-                }
-            }
-            Ok(0)
+            list::run(&experiments_dir)
         }
         Command::Check {
             family,
@@ -457,37 +388,7 @@ fn run(cli: Cli) -> Result<i32> {
         } => {
             let device = Device::parse(&device)?;
             let results_dir = dir_or_workspace(cli.results_dir, "results")?;
-            if let Device::Cuda(n) = device {
-                let (fresh, path) = roofline::measure_cuda_and_record(&results_dir, n)?;
-                println!(
-                    "{} ({} SMs): device-to-device copy {:.0} GB/s (read + write), bf16 GEMM {:.0} GFLOP/s ({}) -> {}",
-                    fresh.cpu_model,
-                    fresh.threads,
-                    fresh.read_gbps,
-                    fresh.fma_gflops,
-                    fresh.fma_isa,
-                    path.display()
-                );
-                return Ok(0);
-            }
-            set_threads(threads)?;
-            let fresh = roofline::measure();
-            println!(
-                "{}, {} threads: measured read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({})",
-                fresh.cpu_model, fresh.threads, fresh.read_gbps, fresh.fma_gflops, fresh.fma_isa
-            );
-            let best = match roofline::stored(&results_dir) {
-                Some(old) if !replace => old.best_of(fresh),
-                _ => fresh,
-            };
-            let path = roofline::store(&results_dir, &best)?;
-            println!(
-                "stored (best seen): read {:.1} GB/s, FMA {:.1} GFLOP/s -> {}",
-                best.read_gbps,
-                best.fma_gflops,
-                path.display()
-            );
-            Ok(0)
+            roofline::run(device, replace, &results_dir, || set_threads(threads))
         }
         Command::Replay {
             files,

@@ -1,28 +1,23 @@
-//! The variant registry: resolves a variant spec string (`name:key=value,...`, parsed by
+//! The variant lookups: a variant spec string (`name:key=value,...`, parsed by
 //! `kernel_common::VariantSpec`) to a kernel of the kernel crates — an `AttentionKernel` of the
-//! attention or paged crate, a quant `MatVecVariant`, a moe `ExpertVariant` — and answers where
-//! a variant runs from the crates' `VARIANTS` tables (each entry names its device).
+//! attention or paged crate, a quant `MatVecVariant`, a moe `ExpertVariant` — built by the
+//! row of the crate's `VARIANTS` table that has its name. The tables are the only registry:
+//! nothing here lists a variant, and where a variant runs is its row's `device`.
 
 use crate::error::{HarnessError, Result};
+use crate::family::VariantInfo;
 use attention_kernels::AttentionKernel;
-use kernel_common::{Device, Runs, VariantInfo, VariantSpec};
+use kernel_common::{build_from, Device, Runs, Variant, VariantSpec};
 
-/// Every kernel crate's variant table.
-fn tables() -> [&'static [VariantInfo]; 5] {
-    [
-        attention_kernels::VARIANTS,
-        paged_kernels::VARIANTS,
-        quant_kernels::VARIANTS,
-        moe_kernels::VARIANTS,
-        spec_kernels::VARIANTS,
-    ]
-}
+/// The tables of the variants behind `AttentionKernel`: the attention and paged crates'.
+pub const ATTENTION_TABLES: &[&[Variant<Box<dyn AttentionKernel>>]] =
+    &[attention_kernels::VARIANTS, paged_kernels::VARIANTS];
 
 /// The names of the variants behind `AttentionKernel` (attention and paged crates).
 pub fn attention_variant_names() -> Vec<&'static str> {
-    attention_kernels::VARIANTS
+    ATTENTION_TABLES
         .iter()
-        .chain(paged_kernels::VARIANTS)
+        .flat_map(|t| t.iter())
         .map(|v| v.name)
         .collect()
 }
@@ -30,77 +25,90 @@ pub fn attention_variant_names() -> Vec<&'static str> {
 /// The kernel for `spec` (`flash2:br=64`, `paged:bs=16,split=auto`, ...).
 pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
     let parsed = VariantSpec::parse(spec)?;
-    if let Some(k) = attention_kernels::kernel_from_spec(&parsed)? {
-        return Ok(k);
-    }
-    if let Some(k) = paged_kernels::kernel_from_spec(&parsed)? {
-        return Ok(k);
-    }
-    Err(HarnessError::Usage(format!(
-        "unknown variant '{}' (known: {})",
-        parsed.name,
-        attention_variant_names().join(", ")
-    )))
+    build_from(ATTENTION_TABLES, &parsed)?.ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "unknown variant '{}' (known: {})",
+            parsed.name,
+            attention_variant_names().join(", ")
+        ))
+    })
 }
 
 /// The quant-family variant for `spec` (`fused`, `fused:isa=avx2`, `fused:act=q8`, `dequant`),
-/// with its canonical name.
+/// with its name as given.
 pub fn quant_variant(spec: &str) -> Result<(String, quant_kernels::MatVecVariant)> {
-    let parsed = VariantSpec::parse(spec)?;
-    match quant_kernels::variant_from_spec(&parsed)? {
-        Some(v) => Ok((spec.to_string(), v)),
-        None => Err(unknown("quant", &parsed.name, quant_kernels::VARIANTS)),
-    }
+    built("quant", spec, &[quant_kernels::VARIANTS])
 }
 
 /// The moe-family expert variant for `spec` (`grouped`, `naive`, `cuda_grouped:dtype=f16`),
 /// with its name as given.
 pub fn moe_variant(spec: &str) -> Result<(String, moe_kernels::ExpertVariant)> {
+    built("moe", spec, &[moe_kernels::VARIANTS])
+}
+
+/// The tree-attention kernel for `spec` (`tree`, `cuda_tree`).
+pub fn tree_kernel(spec: &str) -> Result<(String, spec_kernels::TreeKernel)> {
+    built("spec", spec, &[spec_kernels::VARIANTS])
+}
+
+/// `spec` built by the row of `tables` with its name; an unknown name lists the CPU rows.
+fn built<K: 'static>(family: &str, spec: &str, tables: &[&[Variant<K>]]) -> Result<(String, K)> {
     let parsed = VariantSpec::parse(spec)?;
-    match moe_kernels::variant_from_spec(&parsed)? {
+    match build_from(tables, &parsed)? {
         Some(v) => Ok((spec.to_string(), v)),
-        None => Err(unknown("moe", &parsed.name, moe_kernels::VARIANTS)),
+        None => {
+            let known: Vec<&str> = tables
+                .iter()
+                .flat_map(|t| t.iter())
+                .filter(|v| v.device == Runs::Cpu)
+                .map(|v| v.name)
+                .collect();
+            Err(HarnessError::Usage(format!(
+                "unknown {family} variant '{}' (known: {})",
+                parsed.name,
+                known.join(", ")
+            )))
+        }
     }
 }
 
-fn unknown(family: &str, name: &str, table: &[VariantInfo]) -> HarnessError {
-    let known: Vec<&str> = table
-        .iter()
-        .filter(|v| v.device == Runs::Cpu)
-        .map(|v| v.name)
-        .collect();
-    HarnessError::Usage(format!(
-        "unknown {family} variant '{name}' (known: {})",
-        known.join(", ")
-    ))
+/// The specs `check` runs on case `case` on `device`: every row of `tables` that runs there,
+/// in table order, each drawing its parameters from `draw`.
+pub fn check_specs<K: 'static>(
+    tables: &[&[Variant<K>]],
+    device: Device,
+    case: usize,
+    draw: &mut dyn rand::RngCore,
+) -> Vec<String> {
+    kernel_common::check_specs(tables, runs(device), case, draw)
 }
 
-/// Where variant `name` (a spec; its base name is looked up) runs: its table entry's device,
-/// or for a name no table lists, the `cuda_` spelling.
-pub fn runs_on(name: &str) -> Runs {
-    let base = name.split(':').next().unwrap_or(name);
-    tables()
-        .iter()
-        .flat_map(|t| t.iter())
-        .find(|v| v.name == base)
-        .map_or(
-            if base.starts_with("cuda_") {
-                Runs::Cuda
-            } else {
-                Runs::Cpu
-            },
-            |v| v.device,
-        )
-}
-
-/// Fails with one line when a variant asked for cannot run on `device`: the CUDA variants
-/// need `--device cuda`, the others run on the CPU.
-pub fn require_variant_devices(names: &[String], device: Device) -> Result<()> {
-    let want = match device {
+/// What runs on `device`: CUDA rows on a CUDA device, the others on the CPU.
+pub fn runs(device: Device) -> Runs {
+    match device {
         Device::Cuda(_) => Runs::Cuda,
         Device::Cpu => Runs::Cpu,
-    };
-    match names.iter().find(|n| runs_on(n) != want) {
+    }
+}
+
+/// Where variant `name` (a spec; its base name is looked up) runs, by the row of `known`
+/// (a family's variants) with its name; a name no row lists runs on the CPU.
+pub fn runs_on(name: &str, known: &[VariantInfo]) -> Runs {
+    let base = name.split(':').next().unwrap_or(name);
+    match known.iter().find(|v| v.name == base).map(|v| v.device) {
+        Some("cuda") => Runs::Cuda,
+        _ => Runs::Cpu,
+    }
+}
+
+/// Fails with one line when a variant asked for cannot run on `device` (by its row among
+/// `known`): the CUDA variants need `--device cuda`, the others run on the CPU.
+pub fn require_variant_devices(
+    names: &[String],
+    device: Device,
+    known: &[VariantInfo],
+) -> Result<()> {
+    match names.iter().find(|n| runs_on(n, known) != runs(device)) {
         Some(name) => Err(HarnessError::Usage(format!(
             "variant {name} does not run on {device} (cuda_* variants need --device cuda, the others run on the CPU)"
         ))),

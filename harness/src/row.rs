@@ -43,10 +43,49 @@ pub struct Head {
     pub peer_version: String,
 }
 
+/// What every row of one run repeats — its run id, its experiment and its device — so a
+/// runner names only a row's variant and seed (`RunFiles::head`). `check` and `replay`
+/// make theirs with their own run ids.
+#[derive(Debug, Clone)]
+pub struct Heads {
+    run_id: String,
+    experiment: String,
+    device: String,
+}
+
+impl Heads {
+    pub fn new(run_id: &str, experiment: &str, device: &str) -> Heads {
+        Heads {
+            run_id: run_id.into(),
+            experiment: experiment.into(),
+            device: device.into(),
+        }
+    }
+
+    /// The device its rows ran on (`cpu`, `cuda:0`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The head of a row of `variant` whose inputs came from `seed`, with this process's
+    /// threads, status and timing still empty.
+    pub fn head(&self, variant: &str, seed: u64) -> Head {
+        Head::new(&self.run_id, &self.experiment, variant, &self.device, seed)
+    }
+
+    /// The same with its status set.
+    pub fn with_status(&self, variant: &str, seed: u64, status: &str) -> Head {
+        Head {
+            status: status.into(),
+            ..self.head(variant, seed)
+        }
+    }
+}
+
 impl Head {
     /// A head for `variant` of run `run_id` of `experiment`, on `device` with this process's
-    /// threads, status and timing still empty.
-    pub fn new(run_id: &str, experiment: &str, variant: &str, device: &str, seed: u64) -> Head {
+    /// threads, status and timing still empty; runners get theirs from `Heads`.
+    fn new(run_id: &str, experiment: &str, variant: &str, device: &str, seed: u64) -> Head {
         Head {
             run_id: run_id.into(),
             experiment: experiment.into(),
@@ -102,6 +141,19 @@ impl<F> Row<F> {
             head,
             cols,
             note: String::new(),
+        }
+    }
+
+    /// A row that did not run (over a limit, the memory guard): status `skipped`, its
+    /// columns, no timing, and why in its note.
+    pub fn skipped(head: Head, cols: F, note: impl Into<String>) -> Row<F> {
+        Row {
+            head: Head {
+                status: "skipped".into(),
+                ..head
+            },
+            cols,
+            note: note.into(),
         }
     }
 }
@@ -281,7 +333,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("harness-row-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("r.csv");
-        let mut head = Head::new("r", "e", "paged:bs=16,split=auto", "cpu", 7);
+        let mut head = Heads::new("r", "e", "cpu").head("paged:bs=16,split=auto", 7);
         head.status = "ok".into();
         head.reps = 3;
         head.median_ms = Some(1.5);

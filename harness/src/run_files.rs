@@ -10,7 +10,7 @@ use crate::error::{HarnessError, Result};
 use crate::provenance::{Provenance, Session, ShardRecord};
 use crate::render::{self, RenderFn};
 use crate::roofline::{self, Roofline};
-use crate::row::{PointCols, Row, RowWriter};
+use crate::row::{Head, Heads, PointCols, Row, RowWriter};
 use crate::spec::ExperimentSpec;
 use crate::sweep::plan::Plan;
 use crate::sweep::shard_csv::{self, ShardCsv};
@@ -174,6 +174,8 @@ pub struct RunFiles {
     pub json_path: PathBuf,
     pub prov: Provenance,
     pub roof: Roofline,
+    /// What every row's head repeats: the run id, the experiment, the device.
+    pub heads: Heads,
     /// None under `harness plan`, which writes nothing.
     writer: Option<RowWriter>,
     points: PointBook,
@@ -232,6 +234,7 @@ impl RunFiles {
         };
         if let Some(count) = sweep.plan {
             return Ok(RunFiles {
+                heads: Heads::new(&sweep_id, &spec.name, &opts.device.to_string()),
                 run_id: sweep_id.clone(),
                 prov: start(Roofline::default()),
                 csv_path,
@@ -289,6 +292,7 @@ impl RunFiles {
         };
         let failures_before = csv.as_ref().map_or(0, failures_in);
         Ok(RunFiles {
+            heads: Heads::new(&sweep_id, &spec.name, &opts.device.to_string()),
             run_id: sweep_id,
             csv_path,
             json_path,
@@ -322,6 +326,7 @@ impl RunFiles {
         prov.write(&json_path)?;
         let writer = RowWriter::create(csv_path.clone())?;
         Ok(RunFiles {
+            heads: Heads::new(&run_id, &spec.name, &opts.device.to_string()),
             run_id,
             csv_path,
             json_path,
@@ -333,6 +338,12 @@ impl RunFiles {
             failures_before: 0,
             rows_hint: 0,
         })
+    }
+
+    /// The head of a row of `variant` whose inputs came from `seed`: this run's id,
+    /// experiment and device, status and timing still empty.
+    pub fn head(&self, variant: &str, seed: u64) -> Head {
+        self.heads.head(variant, seed)
     }
 
     /// Whether this run measures the grid point `key`: every point in a plain run, the

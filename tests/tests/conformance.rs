@@ -1,25 +1,123 @@
-//! The conformance suite (burn's idea): every variant the harness registry knows runs on one
-//! shared list of problems — decode, append and prefill; MHA, GQA and MQA; odd lengths; every
-//! storage dtype — into NaN-poisoned outputs, and must match the f64 reference within the
-//! dtype's tolerance or say why it does not support the case. Two deliberately broken
-//! variants show the same comparison fails when it should.
+//! The conformance suite (burn's and llama.cpp's `test-backend-ops` idea): what runs is read
+//! from the kernel crates' `VARIANTS` tables, never listed here. Every CPU row of the five
+//! kernel families (attention, paged, quant, moe, spec) runs through its family's check — the
+//! check specs its row names — at every ISA tier this machine has, into NaN-poisoned
+//! outputs, against the f64 reference within the dtype's tolerance; a CPU row with no check
+//! specs fails the suite unless it is the oracle itself. The attention-shaped rows also run
+//! on one shared list of problems — decode, append and prefill; MHA, GQA and MQA; odd lengths;
+//! every storage dtype — where each must match or say why it does not support the case. Two
+//! deliberately broken variants show the same comparison fails when it should.
 
 use attention_kernels::reference::attention;
 use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
-use harness::registry::attention_kernel;
-use kernel_common::{tolerance, Buffer, Cost, DType, Device, ErrorStats, KernelError};
+use harness::checking::CheckOptions;
+use harness::registry::{attention_kernel, ATTENTION_TABLES};
+use kernel_common::inputs::rng;
+use kernel_common::Variant;
+use kernel_common::{tolerance, Buffer, Cost, DType, Device, ErrorStats, KernelError, Runs};
+use std::collections::BTreeSet;
 
-const VARIANTS: &[&str] = &[
-    "reference",
-    "naive",
-    "flash2",
-    "flash2:br=7,bc=13",
-    "paged:bs=1",
-    "paged:bs=16",
-    "paged:bs=256",
-    "paged:bs=16,split=auto",
-    "paged:bs=32,split=40",
-];
+/// The CPU rows of every kernel crate's table: (family whose check runs it, name, whether it
+/// names check specs).
+fn cpu_rows() -> Vec<(&'static str, &'static str, bool)> {
+    fn rows<K: 'static>(
+        family: &'static str,
+        t: &[Variant<K>],
+    ) -> Vec<(&'static str, &'static str, bool)> {
+        let mut r = rng(0);
+        t.iter()
+            .filter(|v| v.device == Runs::Cpu)
+            .map(|v| (family, v.name, !(v.checks)(0, &mut r).is_empty()))
+            .collect()
+    }
+    [
+        rows("attention", attention_kernels::VARIANTS),
+        rows("attention", paged_kernels::VARIANTS),
+        rows("quant", quant_kernels::VARIANTS),
+        rows("moe", moe_kernels::VARIANTS),
+        rows("spec", spec_kernels::VARIANTS),
+    ]
+    .concat()
+}
+
+#[test]
+fn every_cpu_row_of_every_table_names_what_check_runs_it_as() {
+    let unchecked: Vec<&str> = cpu_rows()
+        .into_iter()
+        .filter(|(_, _, checked)| !checked)
+        .map(|(_, name, _)| name)
+        .collect();
+    // Only the oracle is never compared with itself.
+    assert_eq!(unchecked, ["reference"], "CPU rows that check never runs");
+    // The tables are what `harness list` prints.
+    let listed: BTreeSet<&str> = harness::families::all_variants()
+        .iter()
+        .map(|v| v.name)
+        .collect();
+    for (_, name, _) in cpu_rows() {
+        assert!(listed.contains(name), "{name} is not listed");
+    }
+}
+
+/// (family, variant, status) of every row of one `harness check` of all families at `isa`.
+fn check_rows(isa: kernel_cpu::Isa, tag: &str) -> Vec<(String, String, String)> {
+    let dir = std::env::temp_dir().join(format!("conformance-{}-{tag}", std::process::id()));
+    let opts = CheckOptions {
+        families: harness::commands::check::default_families(),
+        device: Device::Cpu,
+        // `harness check --cases 4` (its default seed): its random cases include an f32
+        // matrix, the one format `faer` multiplies.
+        cases: 4,
+        seed: 42,
+        dtypes: DType::ALL.to_vec(),
+        format: harness::Format::Json,
+        results_dir: dir.clone(),
+    };
+    let code = kernel_cpu::isa::with_isa(isa, || harness::commands::check::run(&opts))
+        .expect("a runnable tier")
+        .expect("check runs");
+    let csv = std::fs::read_dir(dir.join("check"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "csv"))
+        .expect("check wrote its rows");
+    let mut reader = csv::Reader::from_path(&csv).unwrap();
+    let header = reader.headers().unwrap().clone();
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let (f, v, s) = (col("family"), col("variant"), col("status"));
+    let rows: Vec<_> = reader
+        .records()
+        .map(|r| {
+            let r = r.unwrap();
+            (r[f].to_string(), r[v].to_string(), r[s].to_string())
+        })
+        .collect();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(
+        code,
+        0,
+        "check at {isa} failed: {:?}",
+        rows.iter().filter(|r| r.2 == "fail").collect::<Vec<_>>()
+    );
+    rows
+}
+
+#[test]
+fn every_table_variant_passes_its_check_at_every_tier() {
+    for isa in kernel_cpu::isa::runnable() {
+        let rows = check_rows(isa, &isa.to_string());
+        assert!(rows.iter().all(|r| r.2 != "fail"), "{isa}");
+        for (family, name, checked) in cpu_rows() {
+            if !checked {
+                continue;
+            }
+            let passed = rows
+                .iter()
+                .any(|(f, v, s)| f == family && v.split(':').next() == Some(name) && s == "pass");
+            assert!(passed, "{family}/{name} has no passing check row at {isa}");
+        }
+    }
+}
 
 fn problems() -> Vec<AttentionShape> {
     vec![
@@ -50,34 +148,46 @@ fn run(
 }
 
 #[test]
-fn every_variant_matches_the_reference_or_says_why_not() {
+fn every_attention_row_matches_the_reference_or_says_why_not() {
     let mut ran = 0;
-    for (i, shape) in problems().iter().enumerate() {
-        for dtype in DType::ALL {
-            let inputs = AttentionInputs::random(shape, dtype, 1000 + i as u64);
-            let want = attention(shape, &inputs);
-            for spec in VARIANTS {
-                let kernel = attention_kernel(spec).unwrap();
-                match run(kernel.as_ref(), shape, &inputs) {
-                    Some(got) => {
-                        let stats = ErrorStats::compare(&got, &want);
-                        assert!(
-                            stats.passes(&tolerance(dtype)),
-                            "{spec} {dtype} {}: {stats:?}",
-                            shape.label()
-                        );
-                        ran += 1;
-                    }
-                    None => {
-                        let why = kernel.supports(shape, dtype, Device::Cpu).unwrap_err();
-                        assert!(matches!(why, KernelError::Unsupported(_)), "{spec}: {why}");
+    for isa in kernel_cpu::isa::runnable() {
+        for (i, shape) in problems().iter().enumerate() {
+            // The attention and paged tables' CPU rows, as their check specs for this problem.
+            let specs = harness::registry::check_specs(
+                ATTENTION_TABLES,
+                Device::Cpu,
+                i,
+                &mut rng(i as u64),
+            );
+            for dtype in DType::ALL {
+                let inputs = AttentionInputs::random(shape, dtype, 1000 + i as u64);
+                let want = attention(shape, &inputs);
+                for spec in &specs {
+                    let kernel = attention_kernel(spec).unwrap();
+                    match kernel_cpu::isa::with_isa(isa, || run(kernel.as_ref(), shape, &inputs))
+                        .unwrap()
+                    {
+                        Some(got) => {
+                            let stats = ErrorStats::compare(&got, &want);
+                            assert!(
+                                stats.passes(&tolerance(dtype)),
+                                "{spec} {isa} {dtype} {}: {stats:?}",
+                                shape.label()
+                            );
+                            ran += 1;
+                        }
+                        None => {
+                            let why = kernel.supports(shape, dtype, Device::Cpu).unwrap_err();
+                            assert!(matches!(why, KernelError::Unsupported(_)), "{spec}: {why}");
+                        }
                     }
                 }
             }
         }
     }
-    // Contiguous variants run everywhere; paged ones on the decode/append problems.
-    assert!(ran >= 3 * 7 * 4 + 3 * 5 * 4, "only {ran} variant runs");
+    // Contiguous rows (naive, flash2 twice) run everywhere; paged ones (twice) on the
+    // decode/append problems.
+    assert!(ran >= 3 * 7 * 4 + 2 * 5 * 4, "only {ran} variant runs");
 }
 
 /// flash2 with one defect injected after it runs.

@@ -17,10 +17,11 @@ use std::sync::Arc;
 
 /// Every CPU attention-shaped variant, with small and odd tiles.
 fn attention_specs() -> Vec<String> {
-    let mut specs: Vec<String> = harness::registry::attention_variant_names()
-        .into_iter()
-        .filter(|n| harness::registry::runs_on(n) == Runs::Cpu)
-        .map(String::from)
+    let mut specs: Vec<String> = harness::registry::ATTENTION_TABLES
+        .iter()
+        .flat_map(|t| t.iter())
+        .filter(|v| v.device == Runs::Cpu)
+        .map(|v| v.name.to_string())
         .collect();
     specs.extend(
         [

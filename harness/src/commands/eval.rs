@@ -11,8 +11,7 @@ use crate::quality::{run, RefLogits, RefMeta};
 use crate::texts::{sha256_hex, Text};
 use crate::Format;
 use models::eval::perplexity::windows;
-use models::{load, LoadOptions};
-use quant_kernels::WeightFormat;
+use models::load;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -163,15 +162,14 @@ fn read_tokens(path: &Path, vocab: usize) -> Result<Vec<u32>> {
 pub fn perplexity(a: &PerplexityArgs, root: Option<&Path>) -> Result<PerplexityReport> {
     let text = Text::resolve(&a.text, root)?;
     let path = resolve_model(&a.model)?;
-    let weights = a.weights.as_deref().map(WeightFormat::parse).transpose()?;
-    let matmul = crate::registry::quant_variant(&a.matmul)?.1;
-    let opts = LoadOptions {
-        attention: "paged".into(),
-        weights,
-        matmul,
-        kv_cache: paged_kernels::KvCacheFormat::parse(&a.kv_cache)?,
-        ..LoadOptions::default()
-    };
+    let opts = crate::load_flags::LoadFlags {
+        attention: Some("paged".into()),
+        weights: a.weights.clone(),
+        matmul: Some(a.matmul.clone()),
+        kv_cache: Some(a.kv_cache.clone()),
+        ..Default::default()
+    }
+    .options()?;
     let loaded = load(&path, &opts)?;
     let model = loaded.model;
     let bos = loaded.tokenizer.as_ref().and_then(|t| t.bos_to_add());

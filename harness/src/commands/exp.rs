@@ -45,6 +45,11 @@ pub fn run(opts: &ExpOptions) -> Result<i32> {
     } else {
         spec.variants.clone()
     };
+    // Where each variant runs is its table row's device: checked once, here, for every family.
+    for name in &names {
+        (family.variant)(name)?;
+    }
+    crate::registry::require_variant_devices(&names, opts.device, &families::all_variants())?;
     let reps = opts.reps.or(spec.reps).unwrap_or(DEFAULT_REPS);
     if reps == 0 {
         return Err(HarnessError::Usage("--reps must be at least 1".into()));

@@ -11,8 +11,6 @@ use crate::model_source::{drafter, weight_bytes_by_type, weights_line};
 use crate::Format;
 use models::spec::driver::SpecConfig;
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
-use paged_kernels::KvCacheFormat;
-use quant_kernels::WeightFormat;
 use serde::Serialize;
 use spec_kernels::TreeShape;
 use std::io::Write;
@@ -113,18 +111,14 @@ pub struct GenerateArgs {
 impl GenerateArgs {
     /// The loader options these flags ask for.
     pub fn load_options(&self) -> Result<LoadOptions> {
-        Ok(LoadOptions {
-            attention: self.attention.clone(),
-            weights: self
-                .weights
-                .as_deref()
-                .map(WeightFormat::parse)
-                .transpose()?,
-            capacity: moe_kernels::parse_capacity(&self.capacity)?,
-            matmul: crate::registry::quant_variant(&self.matmul)?.1,
-            kv_cache: KvCacheFormat::parse(&self.kv_cache)?,
-            ..LoadOptions::default()
-        })
+        crate::load_flags::LoadFlags {
+            attention: Some(self.attention.clone()),
+            weights: self.weights.clone(),
+            capacity: Some(self.capacity.clone()),
+            matmul: Some(self.matmul.clone()),
+            kv_cache: Some(self.kv_cache.clone()),
+        }
+        .options()
     }
 
     /// The sampler these flags ask for.

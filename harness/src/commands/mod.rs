@@ -11,7 +11,11 @@ pub mod eval;
 pub mod exp;
 /// `harness generate`.
 pub mod generate;
+/// `harness list`: families, variants, experiments, peers, grid keys.
+pub mod list;
 /// `harness merge`: the shards of a sweep put together.
 pub mod merge;
 /// `harness replay`.
 pub mod replay;
+/// `harness roofline`: this machine's (or GPU's) limits, measured and stored.
+pub mod roofline;

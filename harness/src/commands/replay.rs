@@ -11,7 +11,7 @@ use crate::case_job::{Expect, Job, Output, Prepared};
 use crate::error::{HarnessError, Result};
 use crate::families;
 use crate::measure::{time_reps, CacheFlusher, Timing};
-use crate::row::{Head, Row};
+use crate::row::{Heads, Row};
 use crate::Format;
 use kernel_common::{Device, ErrorStats};
 use serde::Serialize;
@@ -115,8 +115,8 @@ fn replay_case(
     rows: &mut Vec<ReplayRow>,
 ) {
     let row = |variant: &str, status: &str| {
-        let mut head = Head::new("", "replay", variant, &Device::Cpu.to_string(), 0);
-        head.status = status.into();
+        let head =
+            Heads::new("", "replay", &Device::Cpu.to_string()).with_status(variant, 0, status);
         Row::new(
             head,
             ReplayCols {

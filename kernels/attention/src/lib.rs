@@ -20,11 +20,13 @@ pub mod cuda;
 pub mod reference;
 /// `AttentionShape`, its validation and its FLOP/byte model.
 pub mod shape;
+/// The variant table: every variant's name, device, constructor and check specs.
+pub mod variants;
 
 pub use shape::AttentionShape;
+pub use variants::VARIANTS;
 
 use kernel_common::error::Result;
-use kernel_common::VariantInfo;
 use kernel_common::{Buffer, Cost, DType, Device, KernelError, VariantSpec};
 
 /// The three input tensors of one attention call, in one storage dtype.
@@ -163,77 +165,8 @@ pub fn cpu_only(name: &str, device: Device) -> Result<()> {
     }
 }
 
-/// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[VariantInfo] = &[
-    VariantInfo::cpu(
-        "reference",
-        "f64 oracle, materialised scores, one query row at a time",
-    ),
-    VariantInfo::cpu(
-        "naive",
-        "f32 'standard attention': S=QK^T materialised per head (GEMM), softmax, P·V",
-    ),
-    VariantInfo::cpu(
-        "flash2",
-        "FlashAttention-2: Br×Bc tiles, online softmax, one final 1/l; params br, bc, gemm (mm | faer)",
-    ),
-    VariantInfo::cuda(
-        "cuda_naive",
-        "CUDA: scores materialised in f32 (one thread per score), row softmax, P·V; --device cuda",
-    ),
-    VariantInfo::cuda(
-        "cuda_flash2",
-        "CUDA FlashAttention-2: 64-row blocks, 64-key tiles, m16n8k16 tensor-core MMAs, f16/bf16, head_dim 64|128; param pipe (0 | 1: cp.async double-buffered K/V, ldmatrix fragments); --device cuda",
-    ),
-];
-
-/// Builds a variant of this crate from its spec, or `None` when the name is not ours.
+/// Builds a variant of this crate from its spec, or `None` when no row of `VARIANTS` has
+/// its name.
 pub fn kernel_from_spec(spec: &VariantSpec) -> Result<Option<Box<dyn AttentionKernel>>> {
-    Ok(Some(match spec.name.as_str() {
-        "reference" => {
-            spec.only(&[])?;
-            Box::new(reference::Reference)
-        }
-        "naive" => {
-            spec.only(&[])?;
-            Box::new(cpu::naive::Naive)
-        }
-        "flash2" => {
-            spec.only(&["br", "bc", "gemm"])?;
-            let gemm = spec
-                .params
-                .get("gemm")
-                .map_or(Some(cpu::flash2::DEFAULT_GEMM), |g| {
-                    cpu::gemm::GemmBackend::parse(g)
-                });
-            let gemm = gemm.ok_or_else(|| {
-                KernelError::Unsupported("flash2: gemm must be mm (matrixmultiply) or faer".into())
-            })?;
-            Box::new(cpu::flash2::Flash2::new(
-                spec.get("br", cpu::flash2::DEFAULT_BR)?,
-                spec.get("bc", cpu::flash2::DEFAULT_BC)?,
-                gemm,
-            )?)
-        }
-        "cuda_naive" => {
-            spec.only(&[])?;
-            Box::new(cuda::CudaAttention {
-                algo: cuda::CudaAlgo::Naive,
-            })
-        }
-        "cuda_flash2" => {
-            spec.only(&["pipe"])?;
-            let algo = match spec.get("pipe", 0usize)? {
-                0 => cuda::CudaAlgo::Flash2,
-                1 => cuda::CudaAlgo::Flash2Pipelined,
-                n => {
-                    return Err(KernelError::Unsupported(format!(
-                        "cuda_flash2: pipe must be 0 or 1, got {n}"
-                    )))
-                }
-            };
-            Box::new(cuda::CudaAttention { algo })
-        }
-        _ => return Ok(None),
-    }))
+    kernel_common::build_from(&[VARIANTS], spec)
 }

@@ -18,6 +18,8 @@ pub mod inputs;
 pub mod metrics;
 /// Variant specs `name:key=value,...` as the CLI and experiment files write them.
 pub mod variant;
+/// A crate's `VARIANTS` table: the one registry of its variants.
+pub mod variant_table;
 
 pub use cost::Cost;
 pub use device::Device;
@@ -25,3 +27,4 @@ pub use dtype::{Buffer, DType, Element};
 pub use error::KernelError;
 pub use metrics::{tolerance, ErrorStats, Tolerance};
 pub use variant::{Runs, VariantInfo, VariantSpec};
+pub use variant_table::{build_from, check_specs, CheckSpecs, Variant};

@@ -40,59 +40,84 @@ pub use routing::{route, route_reference, select, Assignment, Routing};
 pub use stats::RoutingStats;
 pub use weights::MoeWeights;
 
-use kernel_common::VariantInfo;
-use kernel_common::{error::Result, DType, KernelError, VariantSpec};
+use kernel_common::variant_table::{bare, unchecked};
+use kernel_common::{error::Result, DType, KernelError, Variant, VariantSpec};
 
-/// Variants of the moe family (`--variant NAME`).
-pub const VARIANTS: &[VariantInfo] = &[
-    VariantInfo::cpu(
+/// The moe crate's variant table, its one registry (`--variant NAME`): the expert products,
+/// and the CUDA stage kernels that `check --family moe --device cuda` runs one by one (they
+/// are not expert products, so they build to an error and list no check specs here).
+pub const VARIANTS: &[Variant<ExpertVariant>] = &[
+    Variant::cpu(
         "grouped",
         "dispatch tokens per expert, three GEMMs per expert over its tokens (threads over expert chunks), weighted combine",
+        |s| {
+            s.only(&[])?;
+            Ok(ExpertVariant::Grouped)
+        },
+        |_, _| bare(["grouped"]),
     ),
-    VariantInfo::cpu(
+    Variant::cpu(
         "naive",
         "per token, per kept assignment: three matrix-vector products (threads over tokens)",
+        |s| {
+            s.only(&[])?;
+            Ok(ExpertVariant::Naive)
+        },
+        |_, _| bare(["naive"]),
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_grouped",
         "the experts on CUDA: grouped tensor-core GEMMs (m16n8k16, f32 accumulation) over each expert's dispatched tokens, one launch per stage for all experts; dtype=bf16 (default) | f16 storage; any routing (decided by the CPU router)",
+        cuda_grouped,
+        unchecked,
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_router",
         "CUDA router: logits, softmax, top-k and weights per token (check rows cuda_router, cuda_topk, cuda_weights); with the three below, run stage by stage by check --family moe --device cuda",
+        stage,
+        unchecked,
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_capacity",
         "CUDA capacity: each assignment's slot in its expert's queue, or dropped (-1) past the capacity",
+        stage,
+        unchecked,
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_dispatch",
         "CUDA dispatch: token rows into their experts' slots [experts, slots, d_model]",
+        stage,
+        unchecked,
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_combine",
         "CUDA combine: out[t] = sum over kept assignments of weight x the expert's output row",
+        stage,
+        unchecked,
     ),
 ];
 
-/// The variant for `spec`, or None when the name is not ours.
+/// The variant for `spec`, or None when no row of `VARIANTS` has its name.
 pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<ExpertVariant>> {
-    let v = match spec.name.as_str() {
-        "grouped" => ExpertVariant::Grouped,
-        "naive" => ExpertVariant::Naive,
-        "cuda_grouped" => {
-            spec.only(&["dtype"])?;
-            let dtype = match spec.params.get("dtype") {
-                None => DType::BF16,
-                Some(name) => DType::parse(name)?,
-            };
-            cuda::experts::check_storage(dtype)?;
-            return Ok(Some(ExpertVariant::CudaGrouped(dtype)));
-        }
-        _ => return Ok(None),
+    kernel_common::build_from(&[VARIANTS], spec)
+}
+
+fn cuda_grouped(spec: &VariantSpec) -> Result<ExpertVariant> {
+    spec.only(&["dtype"])?;
+    let dtype = match spec.params.get("dtype") {
+        None => DType::BF16,
+        Some(name) => DType::parse(name)?,
     };
-    spec.only(&[])?;
-    Ok(Some(v))
+    cuda::experts::check_storage(dtype)?;
+    Ok(ExpertVariant::CudaGrouped(dtype))
+}
+
+/// The CUDA stage kernels are run stage by stage by the check, not as expert products.
+fn stage(spec: &VariantSpec) -> Result<ExpertVariant> {
+    Err(KernelError::Unsupported(format!(
+        "{} is a CUDA stage kernel that check --family moe --device cuda runs on its own, not an expert product (grouped, naive, cuda_grouped)",
+        spec.name
+    )))
 }
 
 /// Parses a capacity: `dropless` or a factor > 0 (`1.25`).

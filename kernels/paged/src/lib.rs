@@ -45,28 +45,48 @@ pub use kv_format::{BlockFormat, KvCacheFormat, ScaleScope};
 pub use pool::{append, KvPool, PagedBatch, PoolLayout, MAX_BLOCK_SIZE};
 
 use kernel_common::error::Result;
-use kernel_common::VariantInfo;
-use kernel_common::VariantSpec;
+use kernel_common::{Variant, VariantSpec};
+use rand::{Rng, RngCore};
 
-/// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[VariantInfo] = &[
-    VariantInfo::cpu(
+type Row = Variant<Box<dyn attention_kernels::AttentionKernel>>;
+
+/// This crate's variant table, its one registry: paged decode behind `AttentionKernel`,
+/// on the CPU and on CUDA.
+pub const VARIANTS: &[Row] = &[
+    Variant::cpu(
         "paged",
         "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto | tokens per partition)",
+        build,
+        |case, r| checks("paged", case, r),
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_paged",
         "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split, unroll (1|2 keys per lane group per step); head_dim 64|128; --device cuda",
+        build,
+        |case, r| checks("cuda_paged", case, r),
     ),
 ];
 
-/// Builds a paged variant from its spec, or `None` when the name is not ours.
+/// Builds a paged variant from its spec, or `None` when no row of `VARIANTS` has its name.
 pub fn kernel_from_spec(
     spec: &VariantSpec,
 ) -> Result<Option<Box<dyn attention_kernels::AttentionKernel>>> {
-    if spec.name != "paged" && spec.name != "cuda_paged" {
-        return Ok(None);
-    }
+    kernel_common::build_from(&[VARIANTS], spec)
+}
+
+/// Block sizes 1, 16 and a random one, then split-KV with a partition size by case.
+fn checks(name: &str, case: usize, r: &mut dyn RngCore) -> Vec<String> {
+    vec![
+        format!("{name}:bs={}", [1, 16, r.gen_range(2..=256)][case % 3]),
+        format!(
+            "{name}:bs={},split={}",
+            [16, 1, 32][case % 3],
+            ["auto", "64", "7"][case % 3]
+        ),
+    ]
+}
+
+fn build(spec: &VariantSpec) -> Result<Box<dyn attention_kernels::AttentionKernel>> {
     let cuda = spec.name == "cuda_paged";
     spec.only(if cuda {
         &["bs", "split", "unroll"]
@@ -83,11 +103,11 @@ pub fn kernel_from_spec(
                 "cuda_paged: unroll must be 1 or 2, got {unroll}"
             )));
         }
-        return Ok(Some(Box::new(cuda::CudaPaged {
+        return Ok(Box::new(cuda::CudaPaged {
             block_size,
             split,
             unroll,
-        })));
+        }));
     }
-    Ok(Some(Box::new(cpu)))
+    Ok(Box::new(cpu))
 }

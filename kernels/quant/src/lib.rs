@@ -62,6 +62,8 @@ pub mod reference;
 pub mod reference_blocks;
 /// The codes + per-16 (a, b) form the new ggml codecs decode through.
 pub mod unpack;
+/// The variant table: every product's name, device, constructor and check specs.
+pub mod variants;
 /// Random weights (Gaussian, outlier channels) for checks and experiments.
 pub mod weights;
 
@@ -72,77 +74,12 @@ pub use matrix::{QuantError, QuantMatrix};
 pub use matvec::{activation_as_seen, matmul, supports, MatVecVariant};
 pub use packed::PackedMatrix;
 pub use prepared::Prepared;
+pub use variants::VARIANTS;
 pub use weights::WeightDist;
 
-use kernel_common::VariantInfo;
-use kernel_common::{error::Result, KernelError, VariantSpec};
+use kernel_common::{error::Result, VariantSpec};
 
-/// Variants of the quant family (`--variant NAME[:key=value]`).
-pub const VARIANTS: &[VariantInfo] = &[
-    VariantInfo::cpu(
-        "fused",
-        "dequantise on the fly: in-register GEMV at batch 1, register tiles (rows × 4 activations) above, block decode for widths without a kernel; params isa (auto | avx512 | avx2 | portable: the tier, auto = the run's), act (f32 | q8: int8 activations and integer dot products, llama.cpp's path: VNNI on avx512, maddubs on avx2; for q5_0/q5_1/iq4_nl/K-quants Q8_0/Q8_1/Q8_K activations and pmaddwd)",
-    ),
-    VariantInfo::cpu(
-        "packed",
-        "int8 activations on 16-row interleaved tiles built at load (llama.cpp's repacked layout; VNNI vpdpbusd on avx512, maddubs on avx2): q4_0, q4_1, q8_0; param isa (auto | avx512 | avx2 | portable)",
-    ),
-    VariantInfo::cpu(
-        "dequant",
-        "unfused baseline: dequantise all of W to f32 every call, then the f32 product",
-    ),
-    VariantInfo::cpu(
-        "faer",
-        "library baseline, f32 weights only: one whole-matrix faer GEMM (its packing, rayon threads)",
-    ),
-    VariantInfo::cuda(
-        "cuda_gemv",
-        "CUDA dequantising GEMV (one warp per output row, decode in registers): f16, sym4g32, q4_0, q8_0; batch ≤ 8; --device cuda",
-    ),
-];
-
-/// The variant for `spec`, or `None` when the name is not ours.
+/// The variant for `spec`, or `None` when no row of `VARIANTS` has its name.
 pub fn variant_from_spec(spec: &VariantSpec) -> Result<Option<MatVecVariant>> {
-    match spec.name.as_str() {
-        "fused" => {
-            spec.only(&["isa", "act"])?;
-            let isa = match spec.params.get("isa").map_or("auto", String::as_str) {
-                "auto" => None,
-                name => Some(
-                    Isa::parse(name)
-                        .map_err(|e| KernelError::Unsupported(format!("fused: {e} (or auto)")))?,
-                ),
-            };
-            match spec.params.get("act").map_or("f32", String::as_str) {
-                "f32" => Ok(Some(MatVecVariant::Fused(isa))),
-                "q8" => Ok(Some(MatVecVariant::FusedQ8(isa))),
-                other => Err(KernelError::Unsupported(format!(
-                    "fused: act must be f32 or q8, got '{other}'"
-                ))),
-            }
-        }
-        "packed" => {
-            spec.only(&["isa"])?;
-            match spec.params.get("isa").map_or("auto", String::as_str) {
-                "auto" => Ok(Some(MatVecVariant::Packed(None))),
-                name => Ok(Some(MatVecVariant::Packed(Some(
-                    Isa::parse(name)
-                        .map_err(|e| KernelError::Unsupported(format!("packed: {e} (or auto)")))?,
-                )))),
-            }
-        }
-        "cuda_gemv" => {
-            spec.only(&[])?;
-            Ok(Some(MatVecVariant::Cuda))
-        }
-        "dequant" => {
-            spec.only(&[])?;
-            Ok(Some(MatVecVariant::Dequant))
-        }
-        "faer" => {
-            spec.only(&[])?;
-            Ok(Some(MatVecVariant::Faer))
-        }
-        _ => Ok(None),
-    }
+    kernel_common::build_from(&[VARIANTS], spec)
 }

@@ -21,19 +21,42 @@ pub mod tree;
 /// Greedy and lossless stochastic verification.
 pub mod verify;
 
-use kernel_common::VariantInfo;
+use kernel_common::error::Result;
+use kernel_common::variant_table::bare;
+use kernel_common::Variant;
 
-/// Names and one-line descriptions of this crate's variants, for `harness list`.
-pub const VARIANTS: &[VariantInfo] = &[
-    VariantInfo::cpu(
+/// A tree-attention kernel: the queries of `at.nodes` (`[nodes, q_heads, head_dim]`) to their
+/// outputs, in that layout.
+pub type TreeKernel = fn(&TreeAttnShape, &TreeContext, &[f32]) -> Result<Vec<f32>>;
+
+/// This crate's variant table, its one registry.
+pub const VARIANTS: &[Variant<TreeKernel>] = &[
+    Variant::cpu(
         "tree",
         "tree attention: queries of draft-tree nodes over the paged context and their own paths (online softmax); verification is greedy or lossless rejection sampling",
+        |s| {
+            s.only(&[])?;
+            Ok(tree_attention_into_new)
+        },
+        |_, _| bare(["tree"]),
     ),
-    VariantInfo::cuda(
+    Variant::cuda(
         "cuda_tree",
         "CUDA tree attention: the same queries, paths and online softmax on the device; --device cuda",
+        |s| {
+            s.only(&[])?;
+            Ok(cuda::tree_attention_cuda)
+        },
+        |_, _| bare(["cuda_tree"]),
     ),
 ];
+
+/// `tree_attention` into a NaN-poisoned output of its own.
+fn tree_attention_into_new(shape: &TreeAttnShape, at: &TreeContext, q: &[f32]) -> Result<Vec<f32>> {
+    let mut out = vec![f32::NAN; q.len()];
+    tree_attention(shape, at, q, &mut out)?;
+    Ok(out)
+}
 
 pub use attention::{tree_attention, tree_attention_reference, TreeAttnShape, TreeContext};
 pub use tree::{DraftTree, TreeShape};

@@ -139,7 +139,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let g = GridValues(&grid);
     let model_name = g.one_string("model", "smollm2")?;
     let text_name = g.one_string("text", "gpl3")?;
-    let matmul = crate::registry::quant_variant(&g.one_string("matmul", "packed")?)?.1;
+    let matmul = crate::load_flags::matmul(&g.one_string("matmul", "packed")?)?;
     let studies = g.strings("study", STUDIES);
     if let Some(s) = studies.iter().find(|s| !STUDIES.contains(&s.as_str())) {
         return Err(HarnessError::Usage(format!(
@@ -275,11 +275,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         + usize::from(has("projections")) * sens.len() * Proj::ALL.len()
         + usize::from(has("plan")) * (2 + tops.len());
     let bar = run.progress_bar(total);
-    let run_id = run.run_id.clone();
+    let heads = run.heads.clone();
     let rc = RowCtx {
-        run_id: &run_id,
-        exp: &spec.name,
-        device: opts.device.to_string(),
+        heads: &heads,
         seed: opts.seed,
         model: &model_name,
         text: &text.name,

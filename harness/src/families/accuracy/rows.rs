@@ -5,7 +5,7 @@
 //! the plan beside uniform low and high precision.
 
 use super::bench::Measured;
-use crate::row::{Head, Row};
+use crate::row::{Head, Heads, Row};
 use crate::spec::ExperimentSpec;
 use quant_kernels::WeightFormat;
 use serde::{Deserialize, Serialize};
@@ -53,9 +53,8 @@ pub type AccuracyRow = Row<AccuracyCols>;
 
 /// What every row of a run shares.
 pub struct RowCtx<'a> {
-    pub run_id: &'a str,
-    pub exp: &'a str,
-    pub device: String,
+    /// The run's id, experiment and device.
+    pub heads: &'a Heads,
     pub seed: u64,
     pub model: &'a str,
     pub text: &'a str,
@@ -106,7 +105,7 @@ impl RowCtx<'_> {
         Row {
             head: Head {
                 status: status.into(),
-                ..Head::new(self.run_id, self.exp, "model", &self.device, self.seed)
+                ..self.heads.head("model", self.seed)
             },
             cols: AccuracyCols {
                 model: self.model.into(),

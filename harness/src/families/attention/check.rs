@@ -11,7 +11,7 @@ use crate::registry;
 use attention_kernels::reference::attention;
 use attention_kernels::{AttentionInputs, AttentionShape};
 use kernel_common::inputs::{derive_seed, rng};
-use kernel_common::{Buffer, Device, ErrorStats};
+use kernel_common::{Buffer, ErrorStats};
 use rand::Rng;
 
 /// Random attention shapes (decode, append, prefill; MHA/GQA/MQA) then the edge cases.
@@ -69,39 +69,17 @@ fn attention_cases(cases: usize, seed: u64) -> Vec<AttentionShape> {
     out
 }
 
-/// Every attention variant (CPU, or the `cuda_` ones under `--device cuda`) on every case.
+/// Every attention variant of the run's device (the tables' CPU rows, or their CUDA rows under
+/// `--device cuda`) on every case.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
     let shapes = attention_cases(ctx.opts.cases, ctx.opts.seed);
     for (case, shape) in shapes.iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed, case as u64);
         let mut r = rng(seed);
-        let cuda = matches!(ctx.opts.device, Device::Cuda(_));
-        let cpu_variants = [
-            "naive".to_string(),
-            "flash2".to_string(),
-            format!(
-                "flash2:br={},bc={}",
-                r.gen_range(1..=96),
-                r.gen_range(1..=96)
-            ),
-            format!("paged:bs={}", [1, 16, r.gen_range(2..=256)][case % 3]),
-            format!(
-                "paged:bs={},split={}",
-                [16, 1, 32][case % 3],
-                ["auto", "64", "7"][case % 3]
-            ),
-        ];
-        // On CUDA the same cases go to the CUDA variants (names prefixed `cuda_`).
-        let variants: Vec<String> = if cuda {
-            cpu_variants
-                .iter()
-                .filter(|v| !v.contains("br="))
-                .map(|v| format!("cuda_{v}"))
-                .chain(["cuda_flash2:pipe=1".to_string()])
-                .collect()
-        } else {
-            cpu_variants.to_vec()
-        };
+        // Every row of the attention and paged tables that runs on this device, as its
+        // table's check specs for this case (their parameters drawn from the case's rng).
+        let variants =
+            registry::check_specs(registry::ATTENTION_TABLES, ctx.opts.device, case, &mut r);
         for &dtype in &ctx.opts.dtypes {
             let inputs = AttentionInputs::random(shape, dtype, seed);
             let want = attention(shape, &inputs);

@@ -29,13 +29,6 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         .map(|v| registry::attention_kernel(v))
         .collect::<Result<Vec<_>>>()?;
 
-    registry::require_variant_devices(names, opts.device)?;
-    crate::require_device(
-        opts.device,
-        kernels
-            .iter()
-            .map(|k| k.supports(&points[0].shape, points[0].dtype, opts.device)),
-    )?;
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
     let scratch = ScratchDir::new(&run.run_id)?;
     let mut peers: Vec<Peer> = req
@@ -64,7 +57,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 &kernels,
                 &mut peers,
                 &scratch.0,
-                (&run.run_id, &spec.name),
+                &run.heads,
                 opts.device,
                 reps,
                 spec.limits.seconds_per_point,
@@ -88,13 +81,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 point.shape.label(),
                 kernel.name()
             ));
-            let mut row = runner.row(
-                kernel.as_ref(),
-                &run.run_id,
-                &spec.name,
-                opts.device,
-                &run.roof,
-            );
+            let mut row = runner.row(kernel.as_ref(), &run.heads, &run.roof);
             runner.measure(
                 kernel.as_ref(),
                 opts.device,

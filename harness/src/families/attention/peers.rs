@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::peer::{write_case, CaseTensor, Peer, PeerError};
 use crate::roofline::Roofline;
+use crate::row::Heads;
 use attention_kernels::AttentionKernel;
 use kernel_common::Device;
 use serde_json::json;
@@ -34,20 +35,19 @@ pub(super) fn measure_point(
     kernels: &[Box<dyn AttentionKernel>],
     peers: &mut [Peer],
     scratch: &Path,
-    ids: (&str, &str),
+    heads: &Heads,
     device: Device,
     reps: usize,
     seconds_per_point: f64,
     flusher: &mut CacheFlusher,
     roof: &Roofline,
 ) -> Result<Vec<ExpRow>> {
-    let (run_id, exp) = ids;
     // Who runs here is known before any input exists: a point that every variant and peer
     // skips (a K+V over the limit, a peer not installed) makes no inputs at all.
     let mut rows: Vec<ExpRow> = vec![];
     let mut runs = vec![];
     for kernel in kernels {
-        let mut row = runner.row(kernel.as_ref(), run_id, exp, device, roof);
+        let mut row = runner.row(kernel.as_ref(), heads, roof);
         runs.push(runner.precheck(kernel.as_ref(), device, &mut row));
         rows.push(row);
     }
@@ -56,7 +56,7 @@ pub(super) fn measure_point(
     for peer in peers.iter() {
         let shape = runner.point().shape;
         let cost = shape.io_cost(runner.point().dtype);
-        let mut row = runner.row_named(peer.label(), cost, run_id, exp, device, roof);
+        let mut row = runner.row_named(peer.label(), cost, heads, roof);
         row.head.peer_version = peer.version.clone();
         peer_runs.push(peer_precheck(runner, peer, &mut row));
         peer_rows.push(row);

@@ -9,7 +9,7 @@ use crate::alloc;
 use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::mem_guard::{human, MemBudget};
 use crate::roofline::Roofline;
-use crate::row::{Head, Row};
+use crate::row::{Heads, Row};
 use crate::spec::Limits;
 use attention_kernels::reference::{attention_rows, QueryRow};
 use attention_kernels::{AttentionInputs, AttentionKernel, PreparedAttention};
@@ -47,13 +47,11 @@ impl<'a> PointRunner<'a> {
     pub(super) fn row(
         &self,
         kernel: &dyn AttentionKernel,
-        run_id: &str,
-        exp: &str,
-        device: Device,
+        heads: &Heads,
         roof: &Roofline,
     ) -> ExpRow {
         let cost = kernel.cost(&self.point.shape, self.point.dtype);
-        self.row_named(&kernel.name(), cost, run_id, exp, device, roof)
+        self.row_named(&kernel.name(), cost, heads, roof)
     }
 
     /// A row named `name` with the point's columns and `cost` filled in (a peer's row takes
@@ -62,13 +60,11 @@ impl<'a> PointRunner<'a> {
         &self,
         name: &str,
         cost: kernel_common::Cost,
-        run_id: &str,
-        exp: &str,
-        device: Device,
+        heads: &Heads,
         roof: &Roofline,
     ) -> ExpRow {
         let s = &self.point.shape;
-        let head = Head::new(run_id, exp, name, &device.to_string(), self.seed);
+        let head = heads.head(name, self.seed);
         Row::new(
             head,
             AttentionCols {

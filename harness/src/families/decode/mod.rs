@@ -197,7 +197,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let bar =
         run.progress_bar(model_names.len() * weights.len() * matmuls.len() * points + peer_rows);
     let mut failures = 0;
-    let run_id = run.run_id.clone();
+    let heads = run.heads.clone();
     for (name, path) in model_names.iter().zip(&paths) {
         for w in &weights {
             // A point is a (model, weights): every product and the peers' rounds beside them.
@@ -207,21 +207,18 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             }
             let mut rows = vec![];
             bar.set_message(format!("{name} {w}: loading"));
-            let lopts = LoadOptions {
-                attention: "paged".into(),
-                weights: (w != "native")
-                    .then(|| WeightFormat::parse(w))
-                    .transpose()?,
-                ..LoadOptions::default()
-            };
+            let lopts = crate::load_flags::LoadFlags {
+                attention: Some("paged".into()),
+                weights: Some(w.to_string()),
+                ..Default::default()
+            }
+            .options()?;
             let mut m = load(path, &lopts)?.model;
             let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
             let ctx_for = |m: &Llama| {
                 let wbytes = m.weight_bytes() as f64;
                 RowCtx {
-                    run_id: &run_id,
-                    exp: &spec.name,
-                    device: opts.device.to_string(),
+                    heads: &heads,
                     seed: opts.seed,
                     model: name,
                     weights: w,

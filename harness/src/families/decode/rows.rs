@@ -3,7 +3,7 @@
 //! bandwidth roofline; shared by the runner and its peers.
 
 use crate::measure::Timing;
-use crate::row::{Head, Row};
+use crate::row::{Head, Heads, Row};
 use serde::{Deserialize, Serialize};
 
 /// One model × weights × phase × batch. Column names are stable.
@@ -44,9 +44,8 @@ fn fused() -> String {
 /// What every row of one (model, weights, product) shares: where it goes and the roofline's
 /// terms.
 pub struct RowCtx<'a> {
-    pub run_id: &'a str,
-    pub exp: &'a str,
-    pub device: String,
+    /// The run's id, experiment and device.
+    pub heads: &'a Heads,
     pub seed: u64,
     pub model: &'a str,
     pub weights: &'a str,
@@ -106,14 +105,11 @@ impl RowCtx<'_> {
 
     /// The row of a phase the memory guard skipped: its columns, no timing.
     pub fn skipped(&self, variant: &str, matmul: &str, phase: &Phase, note: String) -> DecodeRow {
-        Row {
-            head: Head {
-                status: "skipped".into(),
-                ..Head::new(self.run_id, self.exp, variant, &self.device, self.seed)
-            },
-            cols: self.phase_cols(matmul, phase),
+        Row::skipped(
+            self.heads.head(variant, self.seed),
+            self.phase_cols(matmul, phase),
             note,
-        }
+        )
     }
 
     /// The row of `variant` (product `matmul`) for `phase` timed by `t`.
@@ -135,7 +131,7 @@ impl RowCtx<'_> {
                 p10_ms: Some(t.percentile(10.0) * 1e3),
                 p90_ms: Some(t.percentile(90.0) * 1e3),
                 status: if ok { "ok" } else { "fail" }.into(),
-                ..Head::new(self.run_id, self.exp, variant, &self.device, self.seed)
+                ..self.heads.head(variant, self.seed)
             },
             cols: DecodeCols {
                 tokens_per_s: phase.tokens as f64 / med,

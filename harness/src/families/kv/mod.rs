@@ -160,13 +160,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         let row = Row {
             head: Head {
                 status: if fits { "ok" } else { "skipped" }.into(),
-                ..Head::new(
-                    &run.run_id,
-                    &spec.name,
-                    "calculator",
-                    &opts.device.to_string(),
-                    opts.seed,
-                )
+                ..run.head("calculator", opts.seed)
             },
             cols: KvCols {
                 model: shape.name.into(),

@@ -176,18 +176,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     if !run.owns(&key(name, bs)) {
                         continue;
                     }
-                    let row = Row {
-                        head: Head {
-                            status: "skipped".into(),
-                            ..Head::new(
-                                &run.run_id,
-                                &spec.name,
-                                name,
-                                &opts.device.to_string(),
-                                opts.seed,
-                            )
-                        },
-                        cols: KvAllocCols {
+                    let row = Row::skipped(
+                        run.head(name, opts.seed),
+                        KvAllocCols {
                             allocator: name.clone(),
                             block_size: bs,
                             system_prompt: system,
@@ -198,8 +189,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                             output_mean,
                             ..KvAllocCols::default()
                         },
-                        note: note.clone(),
-                    };
+                        note.clone(),
+                    );
                     run.write_point(&key(name, bs), [&row])?;
                     bar.inc(1);
                 }
@@ -240,13 +231,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 let row = Row {
                     head: Head {
                         status: "ok".into(),
-                        ..Head::new(
-                            &run.run_id,
-                            &spec.name,
-                            name,
-                            &opts.device.to_string(),
-                            opts.seed,
-                        )
+                        ..run.head(name, opts.seed)
                     },
                     cols: KvAllocCols {
                         allocator: name.clone(),

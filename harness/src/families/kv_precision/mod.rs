@@ -20,7 +20,7 @@ use crate::sweep::PointKey;
 use crate::texts::Text;
 use kernel_cpu::Isa;
 use models::eval::perplexity::windows;
-use models::{load, Llama, LoadOptions};
+use models::{load, Llama};
 use paged_kernels::{KvCacheFormat, PoolLayout};
 use std::path::Path;
 
@@ -176,16 +176,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         0
     };
     let bar = run.progress_bar((n_quality + n_decode) * formats.len());
-    let run_id = run.run_id.clone();
-    let head = |variant: &str| {
-        Head::new(
-            &run_id,
-            &spec.name,
-            variant,
-            &opts.device.to_string(),
-            opts.seed,
-        )
-    };
+    let heads = run.heads.clone();
+    let head = |variant: &str| heads.head(variant, opts.seed);
     let mut failures = 0;
     for m in &mut loaded {
         for (text, tokens, wins) in &m.texts {
@@ -358,11 +350,12 @@ fn skipped(
 /// model and the text.
 fn model_texts(name: &str, g: &GridValues, win: &[(usize, usize)]) -> Result<ModelTexts> {
     let path = resolve_model(name)?;
-    let lopts = LoadOptions {
-        attention: "paged".into(),
-        matmul: crate::registry::quant_variant("packed")?.1,
-        ..LoadOptions::default()
-    };
+    let lopts = crate::load_flags::LoadFlags {
+        attention: Some("paged".into()),
+        matmul: Some("packed".into()),
+        ..Default::default()
+    }
+    .options()?;
     let l = load(&path, &lopts)?;
     let root = crate::workspace::root().ok();
     let mut texts = vec![];

@@ -12,8 +12,8 @@ use kernel_common::inputs::{derive_seed, normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
 use moe_kernels::reference::experts_reference;
 use moe_kernels::{
-    experts_forward, route, route_reference, Capacity, Choice, ExpertVariant, MoeConfig,
-    MoeWeights, Priority, WeightNorm,
+    experts_forward, route, route_reference, Capacity, Choice, MoeConfig, MoeWeights, Priority,
+    WeightNorm,
 };
 use rand::Rng;
 
@@ -188,6 +188,14 @@ pub fn cases(n: usize, seed: u64) -> Vec<Case> {
 
 /// Runs the moe cases; rows go through `ctx` like every family's.
 pub fn check_cpu(ctx: &mut Ctx) -> Result<()> {
+    // The CPU rows of the moe table, as their check specs (the CUDA stage kernels are
+    // `check_cuda`'s).
+    let mut none = rand::rngs::mock::StepRng::new(0, 0);
+    let variants =
+        crate::registry::check_specs(&[moe_kernels::VARIANTS], ctx.opts.device, 0, &mut none)
+            .iter()
+            .map(|spec| crate::registry::moe_variant(spec))
+            .collect::<Result<Vec<_>>>()?;
     for (i, case) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let c = &case.cfg;
         let seed = derive_seed(ctx.opts.seed ^ 0x30E, i as u64);
@@ -209,10 +217,8 @@ pub fn check_cpu(ctx: &mut Ctx) -> Result<()> {
         let all: Vec<usize> = (0..c.tokens).collect();
         let want = experts_reference(c, &w, &x, &routing, &all);
         let tol = tolerance(DType::F32).scaled_to(&want);
-        for (name, v) in [
-            ("grouped", ExpertVariant::Grouped),
-            ("naive", ExpertVariant::Naive),
-        ] {
+        for (name, v) in &variants {
+            let (name, v) = (name.as_str(), *v);
             let mut out = vec![f32::NAN; c.tokens * c.d_model];
             let outcome = experts_forward(c, &w, &x, &routing, v, &mut out)
                 .map(|_| ErrorStats::compare(&out, &want))

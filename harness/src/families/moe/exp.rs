@@ -13,12 +13,12 @@ use super::cols::{MoeCols, MoeRow};
 use super::grid::{dropless, Layer, MoeGrid};
 use crate::error::{HarnessError, Result};
 use crate::measure::{time_reps, CacheFlusher, Timing};
-use crate::row::{Head, Row};
+use crate::row::Row;
 use crate::run_files::{spread, ExpRequest, RunFiles};
 use crate::spec::parse_set;
 use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
-use kernel_common::{tolerance, Buffer, DType, ErrorStats, KernelError};
+use kernel_common::{tolerance, Buffer, DType, ErrorStats};
 use moe_kernels::cuda::experts::DeviceExperts;
 use moe_kernels::reference::experts_reference;
 use moe_kernels::{
@@ -257,14 +257,6 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         .iter()
         .map(|v| crate::registry::moe_variant(v))
         .collect::<Result<Vec<_>>>()?;
-    crate::require_device(
-        opts.device,
-        variants.iter().map(|(name, v)| match v {
-            ExpertVariant::CudaGrouped(_) => Ok(()),
-            _ => Err(KernelError::Unsupported(format!("{name} runs on the CPU"))),
-        }),
-    )?;
-    crate::registry::require_variant_devices(names, opts.device)?;
     let mut run = RunFiles::start(opts, spec, req.spec_path, req.grid.clone())?;
     let bar = run.progress_bar(mgrid.points() * variants.len());
     let mut flusher = CacheFlusher::new();
@@ -293,13 +285,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         ExpertVariant::CudaGrouped(dtype) => dtype,
                         _ => DType::F32,
                     };
-                    let head = Head::new(
-                        &run.run_id,
-                        &spec.name,
-                        vname,
-                        &opts.device.to_string(),
-                        seed,
-                    );
+                    let head = run.head(vname, seed);
                     let mut row = Row::new(head, convention_cols(layer, cfg, dtype));
                     row.head.status = "skipped".into();
                     row.note = note.clone();
@@ -351,13 +337,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             let router_flops = 2 * (cfg.tokens * cfg.d_model * cfg.experts) as u64;
             for (vname, variant) in &variants {
                 bar.set_message(format!("{} s{} {vname}", cfg.label(), layer.skew));
-                let head = Head::new(
-                    &run.run_id,
-                    &spec.name,
-                    vname,
-                    &opts.device.to_string(),
-                    seed,
-                );
+                let head = run.head(vname, seed);
                 let row = match *variant {
                     ExpertVariant::CudaGrouped(dtype) => {
                         let mut row = Row::new(head, point.cols(layer, dtype, expert_flops));

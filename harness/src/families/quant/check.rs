@@ -10,6 +10,7 @@
 
 use crate::checking::Ctx;
 use crate::error::Result;
+use crate::registry;
 use kernel_common::inputs::{derive_seed, normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
 use quant_kernels::{
@@ -17,25 +18,14 @@ use quant_kernels::{
 };
 use rand::Rng;
 
-/// The variants checked: the baselines, and the fused kernels at every tier this run allows.
-fn variants() -> Vec<(String, MatVecVariant)> {
-    let mut v = vec![
-        ("dequant".to_string(), MatVecVariant::Dequant),
-        ("faer".to_string(), MatVecVariant::Faer),
-    ];
-    for isa in kernel_cpu::isa::runnable() {
-        v.push((format!("fused:isa={isa}"), MatVecVariant::Fused(Some(isa))));
-        v.push((
-            format!("fused:act=q8,isa={isa}"),
-            MatVecVariant::FusedQ8(Some(isa)),
-        ));
-        // Packed per call here (check is untimed); experiments and models pack once.
-        v.push((
-            format!("packed:isa={isa}"),
-            MatVecVariant::Packed(Some(isa)),
-        ));
-    }
-    v
+/// The variants checked: every row of the quant table that runs on `device`, as its check
+/// specs (the fused and packed products at every tier this run allows).
+fn variants(device: kernel_common::Device) -> Result<Vec<(String, MatVecVariant)>> {
+    let mut none = rand::rngs::mock::StepRng::new(0, 0);
+    registry::check_specs(&[quant_kernels::VARIANTS], device, 0, &mut none)
+        .iter()
+        .map(|spec| registry::quant_variant(spec))
+        .collect()
 }
 
 /// One check case: a format, a matrix shape, a batch and how weights are drawn.
@@ -147,7 +137,7 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
 
 /// Runs the quant cases; rows go through `ctx` like every family's.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
-    let variants = variants();
+    let variants = variants(ctx.opts.device)?;
     for (i, case) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x0AA7, i as u64);
         let mut w = case.dist.sample(case.rows, case.cols, seed);
@@ -171,24 +161,6 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         );
         let m = QuantMatrix::quantize(case.format, case.rows, case.cols, &w)?;
         let x = normal_f32(&mut rng(seed ^ 1), case.batch * case.cols, 1.0);
-        if matches!(ctx.opts.device, kernel_common::Device::Cuda(_)) {
-            let want = reference::matmul(&m, &x, case.batch);
-            let outcome = quant_kernels::cuda::gemv_cuda(&m, &x, case.batch)
-                .map(|y| ErrorStats::compare(&y, &want))
-                .map_err(|e| e.to_string());
-            let tol = tolerance(DType::F32).scaled_to(&want);
-            ctx.record_with(
-                "quant",
-                i,
-                "cuda_gemv",
-                DType::F32,
-                tol,
-                label,
-                seed,
-                outcome,
-            )?;
-            continue;
-        }
         for (name, variant) in &variants {
             let variant = *variant;
             if supports(variant, case.format).is_err() {

@@ -2,7 +2,7 @@
 //! batch, or a quantiser row), `RowBase` (what every row of a (shape, weights) pair shares)
 //! and `Stored` (a format quantised once), shared by the runner, its peers and its report.
 
-use crate::row::{Head, Row};
+use crate::row::{Heads, Row};
 use kernel_common::KernelError;
 use quant_kernels::{QuantError, QuantMatrix, WeightFormat};
 use serde::{Deserialize, Serialize};
@@ -70,9 +70,8 @@ pub fn scheme(f: WeightFormat) -> String {
 
 /// What every row of one (shape, weights) pair shares.
 pub struct RowBase<'a> {
-    pub run_id: &'a str,
-    pub exp: &'a str,
-    pub device: String,
+    /// The run's id, experiment and device.
+    pub heads: &'a Heads,
     pub seed: u64,
     pub rows: usize,
     pub cols: usize,
@@ -92,7 +91,7 @@ impl RowBase<'_> {
     ) -> QuantRow {
         let (rows, cols) = (self.rows, self.cols);
         Row::new(
-            Head::new(self.run_id, self.exp, variant, &self.device, self.seed),
+            self.heads.head(variant, self.seed),
             QuantCols {
                 format: format.into(),
                 scheme,

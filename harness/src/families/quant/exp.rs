@@ -19,7 +19,7 @@ use crate::run_files::{counts_as_failure, spread, ExpRequest, GridValues, RunFil
 use crate::spec::Limits;
 use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
-use kernel_common::{tolerance, DType, ErrorStats, KernelError};
+use kernel_common::{tolerance, DType, ErrorStats};
 use quant_kernels::{
     matvec::cost, reference, MatVecVariant, Prepared, QuantError, QuantMatrix, WeightDist,
     WeightFormat,
@@ -174,14 +174,6 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         .iter()
         .map(|v| crate::registry::quant_variant(v))
         .collect::<Result<Vec<_>>>()?;
-    crate::require_device(
-        opts.device,
-        variants.iter().map(|(name, v)| match v {
-            MatVecVariant::Cuda => Ok(()),
-            _ => Err(KernelError::Unsupported(format!("{name} runs on the CPU"))),
-        }),
-    )?;
-    crate::registry::require_variant_devices(names, opts.device)?;
     // A variant pinned to a tier this CPU lacks or --isa excludes would skip every row.
     for (name, v) in &variants {
         v.isa()
@@ -193,7 +185,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         qgrid.rows(&variants) + peers.rows(&qgrid.formats, qgrid.pairs(), qgrid.batches()),
     );
     let mut flusher = CacheFlusher::new();
-    let run_id = run.run_id.clone();
+    let heads = run.heads.clone();
     let mut failures = 0;
     for (si, &(rows, cols)) in qgrid.shapes.iter().enumerate() {
         for (di, dist) in qgrid.dists.iter().enumerate() {
@@ -206,9 +198,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             }
             let seed = derive_seed(opts.seed, (si * 64 + di) as u64);
             let base = RowBase {
-                run_id: &run_id,
-                exp: &spec.name,
-                device: opts.device.to_string(),
+                heads: &heads,
                 seed,
                 rows,
                 cols,

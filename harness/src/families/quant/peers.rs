@@ -257,7 +257,7 @@ impl QuantPeers {
             let asked = peer
                 .request(json!({
                     "op": "load", "inputs": weights, "act": act,
-                    "threads": rayon::current_num_threads(), "device": base.device,
+                    "threads": rayon::current_num_threads(), "device": base.heads.device(),
                     "point": {"op": "matmul", "dtype": dtype.to_string(), "rows": rows,
                               "cols": cols, "batch": batch},
                 }))
@@ -347,7 +347,7 @@ impl QuantPeers {
                         let _ = std::fs::remove_file(&out_path);
                         let loaded = peer.request(json!({
                             "op": "load", "inputs": weights,
-                            "threads": rayon::current_num_threads(), "device": base.device,
+                            "threads": rayon::current_num_threads(), "device": base.heads.device(),
                             "point": {"op": "quantize", "format": format.to_string(),
                                       "rows": rows, "cols": cols},
                         }))?;

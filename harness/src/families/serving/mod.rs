@@ -24,7 +24,7 @@ use crate::sweep::PointKey;
 use cols::{percentile, summarise, tables, ServingCols};
 use models::serve::scheduler::SloPolicy;
 use models::serve::workload::Workload;
-use models::{load, BatchingMode, Engine, LoadOptions, SchedulerConfig};
+use models::{load, BatchingMode, Engine, SchedulerConfig};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -137,10 +137,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     })?;
     let block_size = g.one("block_size", "16", "a positive integer", |n: usize| n > 0)?;
     let kv_blocks = g.one("kv_blocks", "512", "a positive integer", |n: usize| n > 0)?;
-    let opts_load = LoadOptions {
-        attention: "paged".into(),
-        ..LoadOptions::default()
-    };
+    let opts_load = crate::load_flags::LoadFlags {
+        attention: Some("paged".into()),
+        ..Default::default()
+    }
+    .options()?;
     let workload = |rate: f64, vocab: usize| Workload {
         requests,
         prompt_mean,
@@ -204,16 +205,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         {
             continue;
         }
-        let run_id = run.run_id.clone();
+        let heads = run.heads.clone();
         let head = |status: &str| Head {
             status: status.into(),
-            ..Head::new(
-                &run_id,
-                &spec.name,
-                "engine",
-                &opts.device.to_string(),
-                opts.seed,
-            )
+            ..heads.head("engine", opts.seed)
         };
         if let Some(note) = over {
             bar.inc(1);

@@ -16,9 +16,7 @@ use kernel_common::{tolerance, Buffer, DType, ErrorStats};
 use paged_kernels::{KvPool, PoolLayout};
 use rand::seq::SliceRandom;
 use rand::Rng;
-use spec_kernels::{
-    tree_attention, tree_attention_reference, DraftTree, TreeAttnShape, TreeContext,
-};
+use spec_kernels::{tree_attention_reference, DraftTree, TreeAttnShape, TreeContext};
 
 struct Case {
     q_heads: usize,
@@ -99,6 +97,13 @@ fn cases(n: usize, seed: u64) -> Vec<Case> {
 
 /// Runs the spec cases; rows go through `ctx` like every family's.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
+    // The rows of the spec table that run on this device, as their check specs.
+    let mut none = rand::rngs::mock::StepRng::new(0, 0);
+    let kernels =
+        crate::registry::check_specs(&[spec_kernels::VARIANTS], ctx.opts.device, 0, &mut none)
+            .iter()
+            .map(|spec| crate::registry::tree_kernel(spec))
+            .collect::<Result<Vec<_>>>()?;
     for (i, c) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x5EC, i as u64);
         let mut r = rng(seed);
@@ -154,15 +159,15 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         };
         let q = normal_buffer(&mut r, DType::F32, nodes.len() * c.q_heads * c.head_dim).to_f32();
         let want = tree_attention_reference(&shape, &at, &q)?;
-        let cuda = matches!(ctx.opts.device, kernel_common::Device::Cuda(_));
-        let outcome = if cuda {
-            spec_kernels::cuda::tree_attention_cuda(&shape, &at, &q)
-        } else {
-            let mut out = vec![f32::NAN; q.len()];
-            tree_attention(&shape, &at, &q, &mut out).map(|_| out)
-        }
-        .map(|out| ErrorStats::compare(&out, &want))
-        .map_err(|e| e.to_string());
+        let outcomes: Vec<_> = kernels
+            .iter()
+            .map(|(name, kernel)| {
+                let outcome = kernel(&shape, &at, &q)
+                    .map(|out| ErrorStats::compare(&out, &want))
+                    .map_err(|e| e.to_string());
+                (name.clone(), outcome)
+            })
+            .collect();
         let label = format!(
             "h{}/{} d{} bs{} ctx{} tree{}{} (height {}){}",
             c.q_heads,
@@ -175,16 +180,18 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             c.tree.height(),
             options_label(c.window, c.softcap)
         );
-        ctx.record_with(
-            "spec",
-            i,
-            if cuda { "cuda_tree" } else { "tree" },
-            DType::F32,
-            tolerance(DType::F32).scaled_to(&want),
-            label,
-            seed,
-            outcome,
-        )?;
+        for (name, outcome) in outcomes {
+            ctx.record_with(
+                "spec",
+                i,
+                &name,
+                DType::F32,
+                tolerance(DType::F32).scaled_to(&want),
+                label.clone(),
+                seed,
+                outcome,
+            )?;
+        }
     }
     Ok(())
 }

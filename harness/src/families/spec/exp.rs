@@ -10,6 +10,7 @@
 //! plain greedy output token for token (status fail otherwise).
 
 use crate::error::{HarnessError, Result};
+use crate::load_flags::LoadFlags;
 use crate::model_source::drafter;
 use crate::model_source::resolve_model;
 use crate::provenance::Provenance;
@@ -19,7 +20,7 @@ use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
 use models::spec::driver::{generate, generate_plain, SpecConfig};
-use models::{load, LoadOptions, SamplerConfig};
+use models::{load, SamplerConfig};
 use serde::{Deserialize, Serialize};
 use spec_kernels::TreeShape;
 use std::fmt::Write as _;
@@ -231,13 +232,13 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             held = held.saturating_add(need);
             // `harness generate`'s defaults: flash2 attention, the file's weights, the
             // fused product, dropless MoE; sampled at this temperature (top-k/top-p off).
-            let load = LoadOptions {
-                attention: "flash2".into(),
-                weights: None,
-                capacity: moe_kernels::parse_capacity("dropless")?,
-                matmul: crate::registry::quant_variant("fused")?.1,
-                ..LoadOptions::default()
-            };
+            let load = LoadFlags {
+                attention: Some("flash2".into()),
+                capacity: Some("dropless".into()),
+                matmul: Some("fused".into()),
+                ..LoadFlags::default()
+            }
+            .options()?;
             let sampler = SamplerConfig {
                 temperature: temp as f32,
                 top_k: 0,
@@ -276,25 +277,16 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         .iter()
                         .flat_map(|t| adaptive.iter().map(move |a| (t, a)))
                     {
-                        rows.push(Row {
-                            head: Head {
-                                status: "skipped".into(),
-                                ..Head::new(
-                                    &run.run_id,
-                                    &spec.name,
-                                    "driver",
-                                    &opts.device.to_string(),
-                                    opts.seed,
-                                )
-                            },
-                            cols: SpecCols {
+                        rows.push(Row::skipped(
+                            run.head("driver", opts.seed),
+                            SpecCols {
                                 adaptive: adapt,
                                 temperature: temp,
                                 prompt: p.to_string(),
                                 ..shape_cols(&model_name, d, shape)
                             },
-                            note: note.clone(),
-                        });
+                            note.clone(),
+                        ));
                         bar.inc(1);
                     }
                     run.write_point(&key, &rows)?;
@@ -364,13 +356,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     head: Head {
                         status: if ok { "ok" } else { "fail" }.into(),
                         reps,
-                        ..Head::new(
-                            &run.run_id,
-                            &spec.name,
-                            "driver",
-                            &opts.device.to_string(),
-                            opts.seed,
-                        )
+                        ..run.head("driver", opts.seed)
                     },
                     cols: SpecCols {
                         adaptive: *adapt,
