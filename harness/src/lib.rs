@@ -77,12 +77,12 @@ pub enum Format {
 /// Every family's CUDA sources, in family order: what the CI compile check compiles.
 pub fn cuda_sources() -> Vec<kernel_cuda::KernelSource> {
     vec![
-        attention_kernels::cuda::SOURCE,
-        paged_kernels::cuda::SOURCE,
-        moe_kernels::cuda::SOURCE,
-        moe_kernels::cuda::experts::SOURCE,
-        quant_kernels::cuda::SOURCE,
-        spec_kernels::cuda::SOURCE,
+        kernel_attention::cuda::SOURCE,
+        kernel_paged::cuda::SOURCE,
+        kernel_moe::cuda::SOURCE,
+        kernel_moe::cuda::experts::SOURCE,
+        kernel_quant::cuda::SOURCE,
+        kernel_speculative::cuda::SOURCE,
         kernel_cuda::roofline::SOURCE,
     ]
 }

@@ -5,10 +5,10 @@
 //! default. Shared layer: commands and families call it; it imports neither.
 
 use crate::error::Result;
+use kernel_moe::Capacity;
+use kernel_paged::KvCacheFormat;
+use kernel_quant::{MatVecVariant, WeightFormat};
 use models::LoadOptions;
-use moe_kernels::Capacity;
-use paged_kernels::KvCacheFormat;
-use quant_kernels::{MatVecVariant, WeightFormat};
 
 /// The flags as text; `None` keeps `LoadOptions::default()`'s value.
 #[derive(Debug, Clone, Default)]
@@ -64,7 +64,7 @@ pub fn weights(text: &str) -> Result<Option<WeightFormat>> {
 
 /// `--capacity`: dropless or a factor.
 pub fn capacity(text: &str) -> Result<Capacity> {
-    Ok(moe_kernels::parse_capacity(text)?)
+    Ok(kernel_moe::parse_capacity(text)?)
 }
 
 /// `--matmul`: a row of the quant table.

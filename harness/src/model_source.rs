@@ -5,9 +5,9 @@
 //! generate`, `harness eval` and the serving, decode and spec experiments.
 
 use crate::error::{HarnessError, Result};
-use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
+use kernel_quant::WeightFormat;
+use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::{load, LoadOptions, SamplerConfig};
-use quant_kernels::WeightFormat;
 
 /// `smollm2`, `qwen2.5-0.5b`, `gemma3-270m` → the fetched GGUF; anything else is passed to
 /// `models::load` as is.

@@ -6,12 +6,12 @@
 
 use crate::error::{HarnessError, Result};
 use crate::family::VariantInfo;
-use attention_kernels::AttentionKernel;
+use kernel_attention::AttentionKernel;
 use kernel_common::{build_from, Device, Runs, Variant, VariantSpec};
 
 /// The tables of the variants behind `AttentionKernel`: the attention and paged crates'.
 pub const ATTENTION_TABLES: &[&[Variant<Box<dyn AttentionKernel>>]] =
-    &[attention_kernels::VARIANTS, paged_kernels::VARIANTS];
+    &[kernel_attention::VARIANTS, kernel_paged::VARIANTS];
 
 /// The names of the variants behind `AttentionKernel` (attention and paged crates).
 pub fn attention_variant_names() -> Vec<&'static str> {
@@ -36,19 +36,19 @@ pub fn attention_kernel(spec: &str) -> Result<Box<dyn AttentionKernel>> {
 
 /// The quant-family variant for `spec` (`fused`, `fused:isa=avx2`, `fused:act=q8`, `dequant`),
 /// with its name as given.
-pub fn quant_variant(spec: &str) -> Result<(String, quant_kernels::MatVecVariant)> {
-    built("quant", spec, &[quant_kernels::VARIANTS])
+pub fn quant_variant(spec: &str) -> Result<(String, kernel_quant::MatVecVariant)> {
+    built("quant", spec, &[kernel_quant::VARIANTS])
 }
 
 /// The moe-family expert variant for `spec` (`grouped`, `naive`, `cuda_grouped:dtype=f16`),
 /// with its name as given.
-pub fn moe_variant(spec: &str) -> Result<(String, moe_kernels::ExpertVariant)> {
-    built("moe", spec, &[moe_kernels::VARIANTS])
+pub fn moe_variant(spec: &str) -> Result<(String, kernel_moe::ExpertVariant)> {
+    built("moe", spec, &[kernel_moe::VARIANTS])
 }
 
 /// The tree-attention kernel for `spec` (`tree`, `cuda_tree`).
-pub fn tree_kernel(spec: &str) -> Result<(String, spec_kernels::TreeKernel)> {
-    built("spec", spec, &[spec_kernels::VARIANTS])
+pub fn tree_kernel(spec: &str) -> Result<(String, kernel_speculative::TreeKernel)> {
+    built("speculative", spec, &[kernel_speculative::VARIANTS])
 }
 
 /// `spec` built by the row of `tables` with its name; an unknown name lists the CPU rows.

@@ -953,7 +953,7 @@ fn list_shows_every_family_and_each_variants_device() {
         "paged",
         "quant",
         "moe",
-        "spec",
+        "speculative",
         "kv",
         "kv_alloc",
         "serving",
@@ -967,7 +967,7 @@ fn list_shows_every_family_and_each_variants_device() {
     // The moe and spec CUDA kernels are variants like the others, with their device.
     for (family, name) in [
         ("moe", "cuda_router"),
-        ("spec", "cuda_tree"),
+        ("speculative", "cuda_tree"),
         ("attention", "cuda_flash2"),
     ] {
         assert!(

@@ -245,7 +245,13 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
         "",
         &broken,
         &[
-            "check", "--device", "cuda", "--family", "spec", "--cases", "1",
+            "check",
+            "--device",
+            "cuda",
+            "--family",
+            "speculative",
+            "--cases",
+            "1",
         ],
     );
     let text = String::from_utf8_lossy(&out.stdout);

@@ -200,8 +200,8 @@ fn peers_are_checked_timed_and_their_failures_recorded() {
     let seed: u64 = rows.iter().rev().find(|r| r[0] == "good").unwrap()[6]
         .parse()
         .unwrap();
-    let shape = attention_kernels::AttentionShape::new(1, 4, 2, 12, 12, 8, true);
-    let want = attention_kernels::AttentionInputs::random(&shape, kernel_common::DType::F32, seed)
+    let shape = kernel_attention::AttentionShape::new(1, 4, 2, 12, 12, 8, true);
+    let want = kernel_attention::AttentionInputs::random(&shape, kernel_common::DType::F32, seed)
         .q
         .to_f32();
     let got: Vec<f32> = q

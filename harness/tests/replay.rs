@@ -309,7 +309,7 @@ fn corrupted_cases_are_one_line_exit_2() {
         ),
         (
             rewrite("moe", |_, m| {
-                m.insert("family".into(), "spec".into());
+                m.insert("family".into(), "speculative".into());
             }),
             "cannot be replayed",
         ),

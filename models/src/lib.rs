@@ -13,7 +13,7 @@ pub mod model;
 /// Running requests: sessions, block management, batching, workloads, sampling.
 pub mod serve;
 /// Speculative decoding: the driver and the drafters.
-pub mod spec;
+pub mod speculative;
 
 pub use model::config::{preset, ModelShape, PRESETS};
 pub use model::forward::SeqChunk;

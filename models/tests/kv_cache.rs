@@ -5,8 +5,8 @@
 //! a session's blocks past its window; speculative decoding's position moves refuse a narrow
 //! cache in one line.
 
+use kernel_paged::{BlockFormat, KvCacheFormat};
 use models::{load, LoadOptions, Session};
-use paged_kernels::{BlockFormat, KvCacheFormat};
 
 const FORMATS: [&str; 7] = [
     "f16",

@@ -154,15 +154,15 @@ fn malformed_gguf_is_one_clear_error() {
 
 #[test]
 fn speculative_greedy_equals_plain_greedy() {
-    use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
-    use models::spec::driver::{generate, generate_plain, SpecConfig};
+    use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
+    use models::speculative::driver::{generate, generate_plain, SpecConfig};
     use models::{load, LoadOptions, SamplerConfig};
     let Some(g) = model() else { return };
     let tok = TextTokenizer::from_gguf(&g).unwrap();
     let path = smollm2_path();
     let opts = |w: Option<&str>| LoadOptions {
         attention: "paged".into(),
-        weights: w.map(|w| quant_kernels::WeightFormat::parse(w).unwrap()),
+        weights: w.map(|w| kernel_quant::WeightFormat::parse(w).unwrap()),
         ..LoadOptions::default()
     };
     let target = load(path.to_str().unwrap(), &opts(None)).unwrap().model;
@@ -186,7 +186,7 @@ fn speculative_greedy_equals_plain_greedy() {
     for d in drafters.iter_mut() {
         for shape in ["chain:4", "static:2,2,1", "dynamic:8"] {
             let cfg = SpecConfig {
-                shape: spec_kernels::TreeShape::parse(shape).unwrap(),
+                shape: kernel_speculative::TreeShape::parse(shape).unwrap(),
                 adaptive: true,
                 threshold: 0.7,
                 sampler: greedy,

@@ -4,18 +4,20 @@
 //! check specs its row names — at every ISA tier this machine has, into NaN-poisoned
 //! outputs, against the f64 reference within the dtype's tolerance; a CPU row with no check
 //! specs fails the suite unless it is the oracle itself. The attention-shaped rows also run
-//! on one shared list of problems — decode, append and prefill; MHA, GQA and MQA; odd lengths;
-//! every storage dtype — where each must match or say why it does not support the case. Two
+//! on the family's edge cases (`kernel_attention::cases::edge`: decode, append and prefill;
+//! MHA, GQA and MQA; odd lengths; windows and soft-caps) in every storage dtype at every
+//! tier, where each must match or say why it does not support the case. Two
 //! deliberately broken variants show the same comparison fails when it should.
 
-use attention_kernels::reference::attention;
-use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
 use harness::checking::CheckOptions;
 use harness::registry::{attention_kernel, ATTENTION_TABLES};
+use kernel_attention::reference::attention;
+use kernel_attention::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
 use kernel_common::inputs::rng;
 use kernel_common::Variant;
 use kernel_common::{tolerance, Buffer, Cost, DType, Device, ErrorStats, KernelError, Runs};
-use std::collections::BTreeSet;
+use kernel_test_support::backends::{Backend, Backends};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The CPU rows of every kernel crate's table: (family whose check runs it, name, whether it
 /// names check specs).
@@ -31,11 +33,11 @@ fn cpu_rows() -> Vec<(&'static str, &'static str, bool)> {
             .collect()
     }
     [
-        rows("attention", attention_kernels::VARIANTS),
-        rows("attention", paged_kernels::VARIANTS),
-        rows("quant", quant_kernels::VARIANTS),
-        rows("moe", moe_kernels::VARIANTS),
-        rows("spec", spec_kernels::VARIANTS),
+        rows("attention", kernel_attention::VARIANTS),
+        rows("attention", kernel_paged::VARIANTS),
+        rows("quant", kernel_quant::VARIANTS),
+        rows("moe", kernel_moe::VARIANTS),
+        rows("speculative", kernel_speculative::VARIANTS),
     ]
     .concat()
 }
@@ -119,18 +121,6 @@ fn every_table_variant_passes_its_check_at_every_tier() {
     }
 }
 
-fn problems() -> Vec<AttentionShape> {
-    vec![
-        AttentionShape::new(3, 8, 8, 1, 97, 64, true), // decode, MHA
-        AttentionShape::new(2, 8, 2, 1, 577, 128, true), // decode, GQA
-        AttentionShape::new(2, 8, 1, 1, 54, 128, true), // decode, MQA
-        AttentionShape::new(1, 4, 2, 5, 1, 64, false), // kv_len 1 (cross attention)
-        AttentionShape::new(2, 4, 1, 16, 300, 64, true), // append
-        AttentionShape::new(1, 6, 3, 97, 97, 128, true), // prefill
-        AttentionShape::new(1, 2, 2, 54, 54, 80, false), // prefill, non-causal, odd head_dim
-    ]
-}
-
 /// Runs `kernel` into a poisoned output; `None` when it does not support the case.
 fn run(
     kernel: &dyn AttentionKernel,
@@ -149,24 +139,21 @@ fn run(
 
 #[test]
 fn every_attention_row_matches_the_reference_or_says_why_not() {
-    let mut ran = 0;
-    for isa in kernel_cpu::isa::runnable() {
-        for (i, shape) in problems().iter().enumerate() {
-            // The attention and paged tables' CPU rows, as their check specs for this problem.
-            let specs = harness::registry::check_specs(
-                ATTENTION_TABLES,
-                Device::Cpu,
-                i,
-                &mut rng(i as u64),
-            );
-            for dtype in DType::ALL {
-                let inputs = AttentionInputs::random(shape, dtype, 1000 + i as u64);
-                let want = attention(shape, &inputs);
+    // The attention family's edge cases (`kernel_attention::cases::edge`) on every CPU
+    // backend, each CPU row of the attention and paged tables as its check specs.
+    let mut ran: BTreeMap<String, usize> = BTreeMap::new();
+    let backends = Backends::cpu();
+    for (i, shape) in kernel_attention::cases::edge().iter().enumerate() {
+        let specs =
+            harness::registry::check_specs(ATTENTION_TABLES, Device::Cpu, i, &mut rng(i as u64));
+        for dtype in DType::ALL {
+            let inputs = AttentionInputs::random(shape, dtype, 1000 + i as u64);
+            let want = attention(shape, &inputs);
+            backends.for_each(|backend| {
+                let Backend::Cpu(isa) = backend else { return };
                 for spec in &specs {
                     let kernel = attention_kernel(spec).unwrap();
-                    match kernel_cpu::isa::with_isa(isa, || run(kernel.as_ref(), shape, &inputs))
-                        .unwrap()
-                    {
+                    match run(kernel.as_ref(), shape, &inputs) {
                         Some(got) => {
                             let stats = ErrorStats::compare(&got, &want);
                             assert!(
@@ -174,7 +161,8 @@ fn every_attention_row_matches_the_reference_or_says_why_not() {
                                 "{spec} {isa} {dtype} {}: {stats:?}",
                                 shape.label()
                             );
-                            ran += 1;
+                            *ran.entry(spec.split(':').next().unwrap().to_string())
+                                .or_default() += 1;
                         }
                         None => {
                             let why = kernel.supports(shape, dtype, Device::Cpu).unwrap_err();
@@ -182,12 +170,21 @@ fn every_attention_row_matches_the_reference_or_says_why_not() {
                         }
                     }
                 }
-            }
+            });
         }
     }
-    // Contiguous rows (naive, flash2 twice) run everywhere; paged ones (twice) on the
-    // decode/append problems.
-    assert!(ran >= 3 * 7 * 4 + 2 * 5 * 4, "only {ran} variant runs");
+    // Contiguous rows run everywhere, paged ones on the decode and append cases; every CPU
+    // row with check specs ran.
+    let tiers = kernel_cpu::isa::runnable().len();
+    assert!(ran["naive"] >= tiers * 11 * DType::ALL.len(), "{ran:?}");
+    for (family, name, checked) in cpu_rows() {
+        if family == "attention" && checked {
+            assert!(
+                ran.get(name).is_some_and(|&n| n > 0),
+                "{name} never ran: {ran:?}"
+            );
+        }
+    }
 }
 
 /// flash2 with one defect injected after it runs.

@@ -7,9 +7,9 @@
 //! Hand-made headers pin the cases the issue names: 2^60 tensors, a 2^40-byte string,
 //! lengths and offsets near 2^64, offsets past the end, unknown types.
 
+use kernel_quant::{QuantMatrix, WeightFormat};
 use models::model::gguf::Gguf;
 use models::{load_gguf, LoadOptions, Session};
-use quant_kernels::{QuantMatrix, WeightFormat};
 use std::path::Path;
 use workbench_tests::fuzz::{cases, exclusive, fuzz, gpt2_byte_chars, mutated, Bound, Seed};
 

@@ -6,15 +6,15 @@
 //! fetched, else a small byte-level one: encoding then decoding gives the text back) and
 //! `--prompt-ids` (clap's parsing, the vocabulary check, a forward pass on a preset).
 
-use attention_kernels::{AttentionInputs, AttentionShape};
 use clap::Parser;
 use harness::commands::generate::{prompt_ids, GenerateArgs};
 use harness::run_files::GridValues;
 use harness::spec::{parse_set, ExperimentSpec};
+use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::{Buffer, DType, Device};
+use kernel_speculative::{DraftTree, TreeShape};
 use models::{Session, TextTokenizer};
 use proptest::prelude::*;
-use spec_kernels::{DraftTree, TreeShape};
 use workbench_tests::fuzz::{cases, exclusive, fuzz, gpt2_byte_chars, mutated, Bound, Case, Seed};
 
 /// Values on a command line: no file to be proportional to; what they may build is capped

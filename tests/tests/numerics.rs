@@ -7,12 +7,12 @@
 //! and paged decode over a 32,768-block pool (vLLM's test size) whose unused blocks are NaN;
 //! the pool's index arithmetic is checked at 2^32 blocks without allocating them.
 
-use attention_kernels::reference::attention;
-use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_attention::reference::attention;
+use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::{tolerance, Buffer, DType, Device, ErrorStats, Runs, VariantSpec};
-use moe_kernels::{experts_forward, route, Capacity, Choice, ExpertVariant, MoeConfig, Priority};
-use paged_kernels::{PagedCaseSpec, PoolLayout, SplitKv};
-use quant_kernels::{MatVecVariant, Prepared, QuantMatrix, WeightFormat};
+use kernel_moe::{experts_forward, route, Capacity, Choice, ExpertVariant, MoeConfig, Priority};
+use kernel_paged::{PagedCaseSpec, PoolLayout, SplitKv};
+use kernel_quant::{MatVecVariant, Prepared, QuantMatrix, WeightFormat};
 use std::sync::Arc;
 
 /// Every CPU attention-shaped variant, with small and odd tiles.
@@ -325,10 +325,10 @@ fn quantised_products_propagate_nan_and_inf_activations() {
         let m = Arc::new(
             QuantMatrix::quantize(WeightFormat::parse(format).unwrap(), rows, cols, &w).unwrap(),
         );
-        let finite_row = quant_kernels::reference::matmul(&m, &x[2 * cols..], 1);
+        let finite_row = kernel_quant::reference::matmul(&m, &x[2 * cols..], 1);
         for spec in ["fused", "fused:act=q8", "packed", "dequant", "faer"] {
             let variant: MatVecVariant =
-                quant_kernels::variant_from_spec(&VariantSpec::parse(spec).unwrap())
+                kernel_quant::variant_from_spec(&VariantSpec::parse(spec).unwrap())
                     .unwrap()
                     .unwrap();
             let Ok(p) = Prepared::new(m.clone(), variant) else {
@@ -381,14 +381,14 @@ fn moe_routes_a_nan_token_without_panic_and_keeps_the_others() {
             experts: 4,
             choice,
             norm: if choice == Choice::Experts {
-                moe_kernels::WeightNorm::Raw
+                kernel_moe::WeightNorm::Raw
             } else {
-                moe_kernels::WeightNorm::Renormalize
+                kernel_moe::WeightNorm::Renormalize
             },
             capacity,
             min_capacity: 1,
         };
-        let w = moe_kernels::MoeWeights::random(&cfg, 0.0, 4);
+        let w = kernel_moe::MoeWeights::random(&cfg, 0.0, 4);
         let mut x =
             kernel_common::inputs::normal_f32(&mut kernel_common::inputs::rng(6), 7 * 32, 1.0);
         x[2 * 32 + 5] = f32::NAN;
@@ -400,7 +400,7 @@ fn moe_routes_a_nan_token_without_panic_and_keeps_the_others() {
         for variant in [ExpertVariant::Grouped, ExpertVariant::Naive] {
             let mut out = vec![f32::NAN; 7 * 32];
             experts_forward(&cfg, &w, &x, &routing, variant, &mut out).unwrap();
-            let want = moe_kernels::reference::experts_reference(
+            let want = kernel_moe::reference::experts_reference(
                 &cfg,
                 &w,
                 &x,
@@ -419,11 +419,11 @@ fn moe_routes_a_nan_token_without_panic_and_keeps_the_others() {
 
 #[test]
 fn tree_attention_and_verification_stay_in_bounds_on_non_finite_input() {
-    use paged_kernels::KvPool;
-    use spec_kernels::{
+    use kernel_paged::KvPool;
+    use kernel_speculative::{
         tree_attention, tree_attention_reference, verify_greedy, verify_stochastic,
     };
-    use spec_kernels::{DraftTree, Proposal, TreeAttnShape, TreeContext};
+    use kernel_speculative::{DraftTree, Proposal, TreeAttnShape, TreeContext};
     let layout = PoolLayout {
         num_blocks: 8,
         block_size: 4,

@@ -9,10 +9,10 @@ use crate::error::{HarnessError, Result};
 use crate::mem_guard::MemBudget;
 use crate::model_source::{drafter, weight_bytes_by_type, weights_line};
 use crate::Format;
-use models::spec::driver::SpecConfig;
+use kernel_speculative::TreeShape;
+use models::speculative::driver::SpecConfig;
 use models::{load, LoadOptions, Sampler, SamplerConfig, Session, TextTokenizer};
 use serde::Serialize;
-use spec_kernels::TreeShape;
 use std::io::Write;
 use std::time::Instant;
 
@@ -20,7 +20,7 @@ use std::time::Instant;
 #[derive(Debug, Clone, clap::Args)]
 pub struct GenerateArgs {
     /// A GGUF file (llama, qwen2, qwen2moe, gemma3, phi3, olmoe; its tensors in any mix of
-    /// the types quant-kernels reads), a Hugging Face checkpoint directory (config.json +
+    /// the types kernel-quant reads), a Hugging Face checkpoint directory (config.json +
     /// safetensors of Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Gemma-3, Phi-3 or OLMoE),
     /// smollm2 / qwen2.5-0.5b / gemma3-270m (the files scripts/fetch-models.sh fetched), or a
     /// preset with random weights (tiny-gqa, tiny-mqa, tiny-mha, tiny-moe).
@@ -350,7 +350,7 @@ fn run_spec(
         capacity,
     )?;
     let started = Instant::now();
-    let out = models::spec::driver::generate(
+    let out = models::speculative::driver::generate(
         &loaded.model,
         d.as_mut(),
         &prompt_ids,

@@ -21,12 +21,12 @@ pub fn run(experiments_dir: &Path) -> Result<i32> {
         .into_iter()
         .flatten()
         .collect();
-        println!("  {:<10} [{}] {}", f.name, does.join(" "), f.about);
+        println!("  {:<12} [{}] {}", f.name, does.join(" "), f.about);
     }
     println!("\nVariants (use as --variant NAME[:key=value,...]):");
     for v in families::all_variants() {
         println!(
-            "  {:<10} {:<14} {:<5} {}",
+            "  {:<12} {:<14} {:<5} {}",
             v.family, v.name, v.device, v.about
         );
     }

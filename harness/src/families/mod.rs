@@ -20,7 +20,7 @@ pub mod moe;
 pub mod paged;
 pub mod quant;
 pub mod serving;
-pub mod spec;
+pub mod speculative;
 
 /// Every family, in the order `check` runs them and `list` prints them.
 pub const FAMILIES: &[Family] = &[
@@ -28,7 +28,7 @@ pub const FAMILIES: &[Family] = &[
     paged::FAMILY,
     quant::FAMILY,
     moe::FAMILY,
-    spec::FAMILY,
+    speculative::FAMILY,
     kv::FAMILY,
     kv_alloc::FAMILY,
     kv_precision::FAMILY,

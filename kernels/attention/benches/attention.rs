@@ -6,16 +6,16 @@
 
 use std::time::Duration;
 
-use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape};
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use kernel_attention::{AttentionInputs, AttentionKernel, AttentionShape};
 use kernel_common::{Buffer, DType, VariantSpec};
 
 const SEED: u64 = 0xA77E;
 
 fn kernel(spec: &str) -> Box<dyn AttentionKernel> {
-    attention_kernels::kernel_from_spec(&VariantSpec::parse(spec).unwrap())
+    kernel_attention::kernel_from_spec(&VariantSpec::parse(spec).unwrap())
         .unwrap()
-        .unwrap_or_else(|| panic!("{spec} is not an attention-kernels variant"))
+        .unwrap_or_else(|| panic!("{spec} is not an kernel-attention variant"))
 }
 
 /// Causal prefill: batch 1, 32 query heads over 8 KV heads, head_dim 128.

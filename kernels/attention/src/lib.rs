@@ -12,6 +12,8 @@
 //! of ±1e4 are exact up to f32 rounding; every row sees at least one key (causal needs
 //! q_len ≤ kv_len, and a window is ≥ 1: the key at the row's own position).
 
+/// The family's one case list: random shapes, the edge cases, the emulator's shapes.
+pub mod cases;
 /// Optimised CPU variants: naive materialised-scores attention and FlashAttention-2 tiling.
 pub mod cpu;
 /// CUDA variants (NVRTC-compiled `attention.cu`): naive and FlashAttention-2.

@@ -5,97 +5,112 @@
 //! host-side plans and NaN-poisoned outputs, with sliding windows and soft-capping. No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
-use attention_kernels::cuda::{device_options, plan, CudaAlgo, FLASH2_BLOCK_ROWS};
-use attention_kernels::reference::attention;
-use attention_kernels::{AttentionInputs, AttentionShape};
-use kernel_common::inputs::derive_seed;
-use kernel_common::{tolerance, DType};
+use kernel_attention::cuda::{device_options, plan, CudaAlgo, FLASH2_BLOCK_ROWS};
+use kernel_attention::reference::attention;
+use kernel_attention::{cases, kernel_from_spec, AttentionInputs, AttentionShape, VARIANTS};
+use kernel_common::inputs::{derive_seed, rng};
+use kernel_common::{check_specs, tolerance, Buffer, DType, Device, Runs, VariantSpec};
 use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes};
-use kernel_test_support::emu::Arg;
-use kernel_test_support::emulated::{assert_close, module, nan_bytes};
+use kernel_test_support::backends::{Backend, Backends};
+use kernel_test_support::emu::{Arg, EmuModule};
+use kernel_test_support::emulated::{assert_close, nan_bytes};
 use kernel_test_support::mutations;
 
 #[test]
 fn attention_naive_and_flash2_match_the_reference() {
-    let Some(m) = module(&attention_kernels::cuda::SOURCE) else {
-        return;
-    };
-    let shapes = [
-        AttentionShape::new(2, 4, 2, 70, 70, 64, true),
-        AttentionShape::new(1, 2, 2, 1, 130, 128, true),
-        AttentionShape::new(1, 4, 1, 33, 97, 64, false),
-        AttentionShape::new(1, 2, 1, 5, 200, 128, true),
-        AttentionShape::new(1, 2, 2, 129, 129, 128, true),
-        // Sliding windows shorter than a tile (three query blocks), across tiles, past the
-        // context, of 1; caps tight and Gemma-2's, with and without a window.
-        AttentionShape::new(1, 2, 1, 130, 130, 64, true).with_window(Some(5)),
-        AttentionShape::new(1, 2, 2, 1, 200, 128, true).with_window(Some(63)),
-        AttentionShape::new(1, 2, 1, 70, 150, 64, true)
-            .with_window(Some(100))
-            .with_softcap(Some(1.5)),
-        AttentionShape::new(1, 1, 1, 33, 40, 128, true)
-            .with_window(Some(45))
-            .with_softcap(Some(50.0)),
-        AttentionShape::new(1, 1, 1, 20, 97, 64, false).with_softcap(Some(0.7)),
-        AttentionShape::new(1, 1, 1, 65, 65, 128, true).with_window(Some(1)),
-    ];
-    for (i, shape) in shapes.iter().enumerate() {
+    // The family's device cases on every backend: each CPU row of the attention table (its
+    // check specs) at every ISA tier, then the CUDA kernels on the emulator.
+    let backends = Backends::with_emulator(&kernel_attention::cuda::SOURCE);
+    for (i, shape) in cases::device().iter().enumerate() {
+        let specs = check_specs(&[VARIANTS], Runs::Cpu, i, &mut rng(i as u64));
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let inputs = AttentionInputs::random(shape, dtype, derive_seed(7, i as u64));
             let want = attention(shape, &inputs);
-            let (q, k, v) = (
-                buffer_bytes(&inputs.q),
-                buffer_bytes(&inputs.k),
-                buffer_bytes(&inputs.v),
-            );
-            let ints = |x: usize| Arg::I32(x as i32);
-            for algo in [CudaAlgo::Naive, CudaAlgo::Flash2, CudaAlgo::Flash2Pipelined] {
-                let Ok(p) = plan(algo, shape, dtype) else {
-                    assert!(algo != CudaAlgo::Naive && dtype == DType::F32);
-                    continue;
-                };
-                let mut o = nan_bytes(dtype, shape.q_elems());
-                let mut scores = vec![0u8; p.workspace_bytes];
-                for l in &p.launches {
-                    let s = shape;
-                    let mut args: Vec<Arg> = if l.entry.starts_with("flash2") {
-                        vec![Arg::In(&q), Arg::In(&k), Arg::In(&v), Arg::Out(&mut o)]
-                    } else if l.entry.starts_with("naive_scores") {
-                        vec![Arg::In(&q), Arg::In(&k), Arg::Out(&mut scores)]
-                    } else if l.entry == "naive_softmax_f32" {
-                        let rows = (s.batch * s.q_heads * s.q_len) as i64;
-                        vec![Arg::Out(&mut scores), Arg::I64(rows), ints(s.kv_len)]
-                    } else {
-                        vec![Arg::In(&scores), Arg::In(&v), Arg::Out(&mut o)]
-                    };
-                    if l.entry.starts_with("flash2") || l.entry.starts_with("naive_scores") {
-                        args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
-                        args.push(ints(s.kv_len));
-                        if l.entry.starts_with("naive_scores") {
-                            args.push(ints(s.head_dim));
+            backends.for_each(|backend| match backend {
+                Backend::Cpu(isa) => {
+                    for spec in &specs {
+                        let kernel = kernel_from_spec(&VariantSpec::parse(spec).unwrap())
+                            .unwrap()
+                            .unwrap();
+                        if kernel.supports(shape, dtype, Device::Cpu).is_err() {
+                            continue;
                         }
-                        args.extend([Arg::I32(s.causal as i32), Arg::F32(s.scale)]);
-                        let (window, softcap) =
-                            device_options(s.window, s.softcap, s.kv_len).expect("a small window");
-                        args.extend([Arg::I32(window), Arg::F32(softcap)]);
-                    } else if l.entry.starts_with("naive_pv") {
-                        args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
-                        args.extend([ints(s.kv_len), ints(s.head_dim)]);
+                        let mut out = Buffer::poisoned(dtype, shape.q_elems());
+                        kernel
+                            .prepare(shape, &inputs)
+                            .unwrap()
+                            .run(&mut out)
+                            .unwrap();
+                        let what = format!("{spec} {isa} {} {dtype}", shape.label());
+                        assert_close(&what, &out.to_f32(), &want, tolerance(dtype));
                     }
-                    m.launch(&l.entry, l.launch, &mut args)
-                        .unwrap_or_else(|e| panic!("{e}"));
                 }
-                let got = buffer_from_bytes(dtype, &o).to_f32();
-                assert_close(
-                    &format!("{algo:?} {} {dtype}", shape.label()),
-                    &got,
-                    &want,
-                    tolerance(dtype),
-                );
-            }
+                Backend::Emulator(m) => emulated(m, shape, dtype, &inputs, &want),
+            });
         }
     }
     assert_eq!(FLASH2_BLOCK_ROWS, 64);
+}
+
+/// naive, flash2 and flash2p launched on the emulator as the host plans them, into a
+/// NaN-poisoned output.
+fn emulated(
+    m: &EmuModule,
+    shape: &AttentionShape,
+    dtype: DType,
+    inputs: &AttentionInputs,
+    want: &[f64],
+) {
+    let (q, k, v) = (
+        buffer_bytes(&inputs.q),
+        buffer_bytes(&inputs.k),
+        buffer_bytes(&inputs.v),
+    );
+    let ints = |x: usize| Arg::I32(x as i32);
+    for algo in [CudaAlgo::Naive, CudaAlgo::Flash2, CudaAlgo::Flash2Pipelined] {
+        let Ok(p) = plan(algo, shape, dtype) else {
+            assert!(algo != CudaAlgo::Naive && dtype == DType::F32);
+            continue;
+        };
+        let mut o = nan_bytes(dtype, shape.q_elems());
+        let mut scores = vec![0u8; p.workspace_bytes];
+        for l in &p.launches {
+            let s = shape;
+            let mut args: Vec<Arg> = if l.entry.starts_with("flash2") {
+                vec![Arg::In(&q), Arg::In(&k), Arg::In(&v), Arg::Out(&mut o)]
+            } else if l.entry.starts_with("naive_scores") {
+                vec![Arg::In(&q), Arg::In(&k), Arg::Out(&mut scores)]
+            } else if l.entry == "naive_softmax_f32" {
+                let rows = (s.batch * s.q_heads * s.q_len) as i64;
+                vec![Arg::Out(&mut scores), Arg::I64(rows), ints(s.kv_len)]
+            } else {
+                vec![Arg::In(&scores), Arg::In(&v), Arg::Out(&mut o)]
+            };
+            if l.entry.starts_with("flash2") || l.entry.starts_with("naive_scores") {
+                args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
+                args.push(ints(s.kv_len));
+                if l.entry.starts_with("naive_scores") {
+                    args.push(ints(s.head_dim));
+                }
+                args.extend([Arg::I32(s.causal as i32), Arg::F32(s.scale)]);
+                let (window, softcap) =
+                    device_options(s.window, s.softcap, s.kv_len).expect("a small window");
+                args.extend([Arg::I32(window), Arg::F32(softcap)]);
+            } else if l.entry.starts_with("naive_pv") {
+                args.extend([ints(s.q_heads), ints(s.kv_heads), ints(s.q_len)]);
+                args.extend([ints(s.kv_len), ints(s.head_dim)]);
+            }
+            m.launch(&l.entry, l.launch, &mut args)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let got = buffer_from_bytes(dtype, &o).to_f32();
+        assert_close(
+            &format!("{algo:?} {} {dtype}", shape.label()),
+            &got,
+            want,
+            tolerance(dtype),
+        );
+    }
 }
 
 #[test]

@@ -1,11 +1,11 @@
 //! Criterion benches of the MoE layer (router + experts) at 1024 tokens, d_model 512,
 //! d_ff 1024, 8 experts, top-2, capacity factor 1.25: grouped vs naive. The harness's
 //! `moe_capacity` experiment is the measured record; these are for quick iteration
-//! (`cargo bench -p moe-kernels`).
+//! (`cargo bench -p kernel-moe`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use kernel_common::inputs::{normal_f32, rng};
-use moe_kernels::{
+use kernel_moe::{
     moe_forward, Capacity, ExpertVariant, MoeConfig, MoeWeights, Priority, WeightNorm,
 };
 

@@ -15,6 +15,8 @@
 /// CUDA router top-k, capacity, dispatch and combine (`moe.cu`), and the grouped expert FFN.
 pub mod cuda;
 
+/// The family's one case list: random layers and the edge cases.
+pub mod cases;
 /// The layer descriptor: sizes, who chooses, priority policy, weight rule, capacity.
 pub mod config;
 /// The router's decisions (assignments per token, slots per expert).

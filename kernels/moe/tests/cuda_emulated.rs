@@ -14,13 +14,13 @@ use kernel_test_support::emulated::{assert_close, module, nan_bytes};
 
 #[test]
 fn moe_route_capacity_dispatch_combine_match_the_cpu() {
-    let Some(m) = module(&moe_kernels::cuda::SOURCE) else {
+    let Some(m) = module(&kernel_moe::cuda::SOURCE) else {
         return;
     };
-    use moe_kernels::cuda::capacity_policy_code;
-    use moe_kernels::cuda::{plan_route, slots_per_expert};
-    use moe_kernels::WeightNorm::{Raw, Renormalize};
-    use moe_kernels::{route_reference, select, Capacity, MoeConfig, MoeWeights, Priority};
+    use kernel_moe::cuda::capacity_policy_code;
+    use kernel_moe::cuda::{plan_route, slots_per_expert};
+    use kernel_moe::WeightNorm::{Raw, Renormalize};
+    use kernel_moe::{route_reference, select, Capacity, MoeConfig, MoeWeights, Priority};
     let layer = |experts, top_k, policy, norm, capacity| {
         MoeConfig::token_choice(97, 54, 8, experts, top_k, policy, norm, capacity)
     };
@@ -72,7 +72,7 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
         let cpu = select(c, probs.iter().map(|&p| p as f64).collect());
         if c.policy() == Some(Priority::RankMajor) {
             let token_major = MoeConfig {
-                choice: moe_kernels::Choice::Tokens {
+                choice: kernel_moe::Choice::Tokens {
                     top_k: k,
                     policy: Priority::TokenOrder,
                 },
@@ -80,7 +80,7 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
             };
             let order = select(&token_major, probs.iter().map(|&p| p as f64).collect());
             let kept =
-                |r: &moe_kernels::Routing| r.assignments.iter().map(|a| a.kept).collect::<Vec<_>>();
+                |r: &kernel_moe::Routing| r.assignments.iter().map(|a| a.kept).collect::<Vec<_>>();
             assert_ne!(
                 kept(&cpu),
                 kept(&order),
@@ -194,12 +194,12 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
 /// spanning several row tiles, K over several 32-deep steps, experts with no tokens.
 #[test]
 fn grouped_expert_gemms_match_the_f64_reference() {
-    let Some(m) = module(&moe_kernels::cuda::experts::SOURCE) else {
+    let Some(m) = module(&kernel_moe::cuda::experts::SOURCE) else {
         return;
     };
-    use moe_kernels::cuda::experts::{plan_grouped, plan_launches};
-    use moe_kernels::reference::experts_reference;
-    use moe_kernels::{route, Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
+    use kernel_moe::cuda::experts::{plan_grouped, plan_launches};
+    use kernel_moe::reference::experts_reference;
+    use kernel_moe::{route, Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
     let tc = |tokens, d, f, experts, k, policy, norm, cf| {
         MoeConfig::token_choice(tokens, d, f, experts, k, policy, norm, Capacity::Factor(cf))
     };

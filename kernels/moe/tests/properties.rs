@@ -10,8 +10,8 @@
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
-use moe_kernels::reference::experts_reference;
-use moe_kernels::{
+use kernel_moe::reference::experts_reference;
+use kernel_moe::{
     experts_forward, route, route_reference, Capacity, Choice, ExpertVariant, MoeConfig,
     MoeWeights, Priority, Routing, WeightNorm,
 };
@@ -109,7 +109,7 @@ proptest! {
             experts_of.sort_unstable();
             experts_of.dedup();
             prop_assert_eq!(experts_of.len(), chosen.iter().filter(|a| a.kept).count(), "distinct experts per token");
-            let sum = |f: &dyn Fn(&&moe_kernels::Assignment) -> bool| chosen.iter().filter(f).map(|a| a.weight).sum::<f64>();
+            let sum = |f: &dyn Fn(&&kernel_moe::Assignment) -> bool| chosen.iter().filter(f).map(|a| a.weight).sum::<f64>();
             match norm {
                 WeightNorm::Renormalize => prop_assert!((sum(&|_| true) - 1.0).abs() < 1e-9),
                 WeightNorm::RenormalizeKept if chosen.iter().any(|a| a.kept) => {
@@ -181,7 +181,7 @@ proptest! {
             p.len() > cap && p[cap - 1] - p[cap] < eps
         });
         prop_assume!(!close_rank && !close_cap);
-        let decisions = |r: &moe_kernels::Routing| {
+        let decisions = |r: &kernel_moe::Routing| {
             let mut v: Vec<(usize, usize, bool)> = r.assignments.iter().map(|a| (a.token, a.expert, a.kept)).collect();
             v.sort();
             v
@@ -426,7 +426,7 @@ fn bad_inputs_are_errors() {
     let mut out = vec![0.0; 12];
     let e = experts_forward(&other, &w, &x, &r, ExpertVariant::Naive, &mut out).unwrap_err();
     assert!(e.to_string().contains("W_gate"), "{e}");
-    assert!(moe_kernels::parse_capacity("0").is_err());
-    assert!(moe_kernels::parse_capacity("-1").is_err());
-    assert!(moe_kernels::parse_capacity("dropless").is_ok());
+    assert!(kernel_moe::parse_capacity("0").is_err());
+    assert!(kernel_moe::parse_capacity("-1").is_err());
+    assert!(kernel_moe::parse_capacity("dropless").is_ok());
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use kernel_common::inputs::{normal_buffer, rng};
 use kernel_common::{Buffer, DType};
-use paged_kernels::{append, paged_decode, PagedCaseSpec, SplitKv};
+use kernel_paged::{append, paged_decode, PagedCaseSpec, SplitKv};
 
 const SEQS: usize = 8;
 const CONTEXT: usize = 4096;

@@ -6,7 +6,7 @@
 
 use crate::decode::{paged_decode, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use crate::pool::{append, KvPool, PagedBatch, PoolLayout};
-use attention_kernels::{
+use kernel_attention::{
     cpu_only, AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention,
 };
 use kernel_common::error::Result;

@@ -18,9 +18,9 @@ use crate::cache::KvCache;
 use crate::coded_rows::CodedRows;
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
 use crate::view::{Run, Source};
-use attention_kernels::cpu::gemm::widen;
-use attention_kernels::cpu::softcap::cap_scores;
-use attention_kernels::shape::{validate_window_softcap, window_start};
+use kernel_attention::cpu::gemm::widen;
+use kernel_attention::cpu::softcap::cap_scores;
+use kernel_attention::shape::{validate_window_softcap, window_start};
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Element, KernelError};
 use kernel_cpu::rows::{Avx2, Avx512, Portable};
@@ -36,7 +36,7 @@ const CHUNK: usize = 128;
 const AUTO_MIN_PARTITION: usize = 64;
 
 /// The query side of a paged decode call. `window` and `softcap` mean what they mean in
-/// `attention_kernels::AttentionShape`: the query at position p sees key j iff j ≤ p and
+/// `kernel_attention::AttentionShape`: the query at position p sees key j iff j ≤ p and
 /// p − j < window; scores are cap · tanh(scale · q·k / cap) before the softmax.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PagedDecodeShape {

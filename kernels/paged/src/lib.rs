@@ -6,10 +6,10 @@
 //! (recent tokens wide, aged blocks narrow), read by the same decode kernel.
 //!
 //! Every decode takes a sliding window and a logit soft-cap (`PagedDecodeShape`, as
-//! `attention_kernels::AttentionShape`). Only a sequence's own context is read — with a
+//! `kernel_attention::AttentionShape`). Only a sequence's own context is read — with a
 //! window, only the positions it reaches: NaN in unused pool slots, or before the window,
 //! never reaches an output,
-//! a non-finite K or V in the context propagates as in `attention_kernels`; offsets are
+//! a non-finite K or V in the context propagates as in `kernel_attention`; offsets are
 //! computed in usize from u32 block ids (and in size_t in `paged.cu`), so pools past 2^32
 //! elements address correctly.
 
@@ -48,7 +48,7 @@ use kernel_common::error::Result;
 use kernel_common::{Variant, VariantSpec};
 use rand::{Rng, RngCore};
 
-type Row = Variant<Box<dyn attention_kernels::AttentionKernel>>;
+type Row = Variant<Box<dyn kernel_attention::AttentionKernel>>;
 
 /// This crate's variant table, its one registry: paged decode behind `AttentionKernel`,
 /// on the CPU and on CUDA.
@@ -70,7 +70,7 @@ pub const VARIANTS: &[Row] = &[
 /// Builds a paged variant from its spec, or `None` when no row of `VARIANTS` has its name.
 pub fn kernel_from_spec(
     spec: &VariantSpec,
-) -> Result<Option<Box<dyn attention_kernels::AttentionKernel>>> {
+) -> Result<Option<Box<dyn kernel_attention::AttentionKernel>>> {
     kernel_common::build_from(&[VARIANTS], spec)
 }
 
@@ -86,7 +86,7 @@ fn checks(name: &str, case: usize, r: &mut dyn RngCore) -> Vec<String> {
     ]
 }
 
-fn build(spec: &VariantSpec) -> Result<Box<dyn attention_kernels::AttentionKernel>> {
+fn build(spec: &VariantSpec) -> Result<Box<dyn kernel_attention::AttentionKernel>> {
     let cuda = spec.name == "cuda_paged";
     spec.only(if cuda {
         &["bs", "split", "unroll"]

@@ -7,8 +7,8 @@
 use crate::cache::KvCache;
 use crate::decode::PagedDecodeShape;
 use crate::pool::{gather, KvPool, PagedBatch};
-use attention_kernels::reference::attention;
-use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_attention::reference::attention;
+use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::error::Result;
 use kernel_common::Buffer;
 

@@ -4,22 +4,22 @@
 //! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
-use attention_kernels::cuda::device_options;
+use kernel_attention::cuda::device_options;
 use kernel_common::inputs::{normal_buffer, rng};
 use kernel_common::{tolerance, Buffer, DType};
 use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, f32_bytes, i32_bytes};
 use kernel_cuda::Launch;
+use kernel_paged::cuda::{flat_tables, plan_decode, slots};
+use kernel_paged::{append, KvPool, PagedCaseSpec, PoolLayout, SplitKv};
 use kernel_test_support::emu::{Arg, EmuModule};
 use kernel_test_support::emulated::{assert_close, module, nan_bytes};
 use kernel_test_support::mutations;
-use paged_kernels::cuda::{flat_tables, plan_decode, slots};
-use paged_kernels::{append, KvPool, PagedCaseSpec, PoolLayout, SplitKv};
 use rand::seq::SliceRandom;
 
 /// Runs the decode (and the reduction) of `plan_decode` on the emulator.
 fn emulated_decode(
     m: &EmuModule,
-    case: &paged_kernels::PagedCase,
+    case: &kernel_paged::PagedCase,
     split: SplitKv,
     unroll: usize,
 ) -> Vec<f32> {
@@ -92,7 +92,7 @@ fn emulated_decode(
 
 #[test]
 fn paged_decode_unsplit_and_split_match_the_reference() {
-    let Some(m) = module(&paged_kernels::cuda::SOURCE) else {
+    let Some(m) = module(&kernel_paged::cuda::SOURCE) else {
         return;
     };
     let spec =
@@ -208,7 +208,7 @@ fn windowed_and_capped_cases_match_the_reference(m: &EmuModule) {
 
 #[test]
 fn paged_append_writes_exactly_the_slots() {
-    let Some(m) = module(&paged_kernels::cuda::SOURCE) else {
+    let Some(m) = module(&kernel_paged::cuda::SOURCE) else {
         return;
     };
     for dtype in [DType::F32, DType::BF16] {

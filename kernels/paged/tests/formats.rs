@@ -7,8 +7,8 @@
 //! blocks), and the measured storage error of each format against the f32 values.
 
 use kernel_common::{tolerance, DType, ErrorStats};
-use paged_kernels::codec::{e4m3_from_f32, e4m3_to_f32, Code, E4M3_VALUES};
-use paged_kernels::{
+use kernel_paged::codec::{e4m3_from_f32, e4m3_to_f32, Code, E4M3_VALUES};
+use kernel_paged::{
     paged_decode_cache, BlockFormat, CacheCase, CacheCaseSpec, KvCache, KvCacheFormat, PagedBatch,
     PoolLayout, SplitKv,
 };

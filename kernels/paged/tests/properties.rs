@@ -7,9 +7,9 @@
 //! with NaN in every pool slot before the window (those blocks are skipped, never read).
 //! Checks against the reference run at each ISA tier this machine has.
 
-use attention_kernels::{kernel_from_spec as attention_kernel, AttentionInputs, AttentionShape};
+use kernel_attention::{kernel_from_spec as attention_kernel, AttentionInputs, AttentionShape};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats, VariantSpec};
-use paged_kernels::{
+use kernel_paged::{
     append, paged_decode, KvPool, PagedBatch, PagedCase, PagedCaseSpec, PagedDecodeShape,
     PoolLayout, SplitKv,
 };
@@ -168,7 +168,7 @@ proptest! {
         let inputs = AttentionInputs::random(&shape, DType::F32, seed);
         let run = |spec: &str| {
             let k = attention_kernel(&VariantSpec::parse(spec).unwrap()).unwrap()
-                .or_else(|| paged_kernels::kernel_from_spec(&VariantSpec::parse(spec).unwrap()).unwrap()).unwrap();
+                .or_else(|| kernel_paged::kernel_from_spec(&VariantSpec::parse(spec).unwrap()).unwrap()).unwrap();
             let mut out = Buffer::poisoned(DType::F32, shape.q_elems());
             k.prepare(&shape, &inputs).unwrap().run(&mut out).unwrap();
             out.to_f32()

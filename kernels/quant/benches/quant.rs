@@ -1,11 +1,11 @@
 //! Criterion benches of the fused GEMV (batch 1) and dequant-GEMM (batch 16) on a 4096×4096
 //! weight matrix, per format, beside the f32 and f16 baselines. The harness's `quant_tradeoff`
 //! experiment is the measured record; these are for quick iteration (`cargo bench -p
-//! quant-kernels`).
+//! kernel-quant`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kernel_common::inputs::{normal_f32, rng};
-use quant_kernels::{matmul, MatVecVariant, QuantMatrix, WeightDist, WeightFormat};
+use kernel_quant::{matmul, MatVecVariant, QuantMatrix, WeightDist, WeightFormat};
 
 fn bench(c: &mut Criterion) {
     let (rows, cols) = (4096, 4096);

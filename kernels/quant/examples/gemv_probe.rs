@@ -1,13 +1,13 @@
 //! Quick A/B probe of the batch-1 products on one shape (not a benchmark of record: the
 //! `quant_tradeoff` experiment is). Every (format, variant) is timed round-robin with the f32
 //! GEMV baseline, best of 9 rounds each, so host noise hits all alike, and reported with its
-//! speed-up over f32. `cargo run --release -p quant-kernels --example gemv_probe --
+//! speed-up over f32. `cargo run --release -p kernel-quant --example gemv_probe --
 //! q4_k,q6_k 4096 4096 [bytes]`: each format gets enough distinct matrices to stream `bytes`
 //! (default 96 MB, beyond L3) per round; env T = threads (default 2), ISA = one tier only,
 //! B = batch (default 1).
 
 use kernel_common::inputs::{normal_f32, rng};
-use quant_kernels::{Isa, MatVecVariant, Prepared, QuantMatrix, WeightDist, WeightFormat};
+use kernel_quant::{Isa, MatVecVariant, Prepared, QuantMatrix, WeightDist, WeightFormat};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,7 +51,7 @@ fn main() {
                 ]);
             }
             for v in vs {
-                if quant_kernels::supports(v, fmt).is_err() {
+                if kernel_quant::supports(v, fmt).is_err() {
                     continue;
                 }
                 let p = ms

@@ -19,6 +19,8 @@ pub mod act_q8k;
 pub mod avx2;
 /// AVX-512 in-register decode + dot kernels.
 pub mod avx512;
+/// The family's one case list: random formats and shapes, then the edge cases.
+pub mod cases;
 /// The codec formats' products (Q5_0, Q5_1, IQ4_NL, K-quants) at every tier, one source each.
 pub mod codec_kernels;
 /// The table of the formats with a `Codec` (`with_codec!`).

@@ -8,11 +8,11 @@
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
-use proptest::prelude::*;
-use quant_kernels::{
+use kernel_quant::{
     activation_as_seen, matmul, reference, supports, MatVecVariant, QuantMatrix, WeightDist,
     WeightFormat,
 };
+use proptest::prelude::*;
 
 const FORMATS: [&str; 9] = [
     "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_k",

@@ -7,11 +7,11 @@
 //! equals the f64 field-by-field reference rounded to f32.
 
 use kernel_common::inputs::{normal_f32, rng};
+use kernel_quant::codecs::unpack_block;
+use kernel_quant::matrix::decode_block;
+use kernel_quant::reference_blocks::stored_value;
+use kernel_quant::{QuantMatrix, WeightFormat};
 use proptest::prelude::*;
-use quant_kernels::codecs::unpack_block;
-use quant_kernels::matrix::decode_block;
-use quant_kernels::reference_blocks::stored_value;
-use quant_kernels::{QuantMatrix, WeightFormat};
 
 /// (format, max |error| / max |x| per 256 values, rms error / rms x per 256 values of
 /// Gaussian rows). The bounds are ~1.3× the worst seen over 200 Gaussian and 200

@@ -12,11 +12,11 @@ use kernel_test_support::emulated::{assert_close, module};
 
 #[test]
 fn quant_gemv_matches_the_dequantised_reference() {
-    let Some(m) = module(&quant_kernels::cuda::SOURCE) else {
+    let Some(m) = module(&kernel_quant::cuda::SOURCE) else {
         return;
     };
-    use quant_kernels::cuda::{gemv_entry, plan_gemv};
-    use quant_kernels::{reference, QuantMatrix, WeightFormat};
+    use kernel_quant::cuda::{gemv_entry, plan_gemv};
+    use kernel_quant::{reference, QuantMatrix, WeightFormat};
     for (fi, fmt) in ["f16", "sym4g32", "q4_0", "q8_0"].into_iter().enumerate() {
         let format = WeightFormat::parse(fmt).unwrap();
         for (rows, cols, batch) in [(37, 96, 1), (9, 1024, 3), (130, 64, 8)] {

@@ -5,7 +5,7 @@
 //! Our encoder must produce the same bytes, our decoder the same floats, and the fused GEMV on
 //! those bytes must match the f64 product of gguf's dequantised weights.
 
-use quant_kernels::{matmul, reference, MatVecVariant, QuantMatrix, WeightFormat};
+use kernel_quant::{matmul, reference, MatVecVariant, QuantMatrix, WeightFormat};
 use safetensors::{Dtype, SafeTensors};
 
 /// The formats `gguf.quants` quantises.

@@ -6,7 +6,7 @@
 //! give `out` bit for bit, the f64 field-by-field reference round to our decoder, and the
 //! fused products on those bytes match the f64 product of gguf's floats.
 
-use quant_kernels::{matmul, reference_blocks, supports, MatVecVariant, QuantMatrix, WeightFormat};
+use kernel_quant::{matmul, reference_blocks, supports, MatVecVariant, QuantMatrix, WeightFormat};
 use safetensors::{Dtype, SafeTensors};
 
 /// Every format with llama-quantize vectors.

@@ -6,12 +6,12 @@
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
-use proptest::prelude::*;
-use quant_kernels::group::{block_affine, raw_scale, stored_scale};
-use quant_kernels::{
+use kernel_quant::group::{block_affine, raw_scale, stored_scale};
+use kernel_quant::{
     activation_as_seen, matmul, reference, Isa, MatVecVariant, QuantMatrix, ScaleType, WeightDist,
     WeightFormat,
 };
+use proptest::prelude::*;
 use std::sync::OnceLock;
 
 fn group_format(asym: bool, bits: u8, group: usize, s32: bool) -> WeightFormat {
@@ -44,7 +44,7 @@ fn variants() -> &'static [MatVecVariant] {
 fn check_products(m: &QuantMatrix, batch: usize, seed: u64) {
     let x = normal_f32(&mut rng(seed), batch * m.cols, 1.0);
     for &v in variants() {
-        if quant_kernels::supports(v, m.format).is_err() {
+        if kernel_quant::supports(v, m.format).is_err() {
             continue;
         }
         // FusedQ8 multiplies the int8-quantised activation: the reference takes that one.

@@ -9,10 +9,10 @@
 use crate::model::forward::SeqChunk;
 use crate::model::kv::KvPools;
 use crate::model::llama::{AttentionChoice, Llama, Result};
-use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
-use paged_kernels::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
-use spec_kernels::{tree_attention, TreeAttnShape, TreeContext};
+use kernel_paged::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
+use kernel_speculative::{tree_attention, TreeAttnShape, TreeContext};
 
 impl Llama {
     /// Attention of every chunk's queries (rows of `q`, `[rows, heads·hd]`) over its cached

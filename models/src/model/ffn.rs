@@ -1,15 +1,15 @@
 //! The feed-forward of a decoder layer: a gated MLP — SwiGLU, silu(gate) · up (Shazeer 2020,
 //! `kernel_cpu::ops::gated`), or GeGLU with the tanh GELU (Gemma's `gelu_pytorch_tanh`:
 //! ½x(1 + tanh(√(2/π)(x + 0.044715x³)))) — or a sparse MoE block routed by
-//! `moe_kernels::route` (softmax over the experts, top-k, the k weights renormalised as
+//! `kernel_moe::route` (softmax over the experts, top-k, the k weights renormalised as
 //! Mixtral and `norm_topk_prob` do or kept raw as OLMoE does, capacity), each expert's MLP on
 //! the rows routed to it, combined with the routing weights, plus Qwen2-MoE's shared expert
 //! scaled by sigmoid(x · gate).
 
 use crate::model::llama::{Expert, Ffn, Llama, Mlp, Result, SharedExpert};
 use kernel_cpu::ops::Gate;
-use moe_kernels::{route, MoeConfig, Priority};
-use quant_kernels::MatVecVariant;
+use kernel_moe::{route, MoeConfig, Priority};
+use kernel_quant::MatVecVariant;
 
 impl Expert {
     /// down(act(gate) · up) for `n` rows of `x`.

@@ -13,8 +13,8 @@
 use crate::model::kv::KvPools;
 use crate::model::llama::{product_for, Llama, Projection, Result};
 use kernel_common::KernelError;
-use quant_kernels::{MatVecVariant, Prepared};
-use spec_kernels::DraftTree;
+use kernel_quant::{MatVecVariant, Prepared};
+use kernel_speculative::DraftTree;
 
 /// Some tokens of one sequence, run at positions `start..start + tokens.len()`.
 #[derive(Debug, Clone, Copy)]

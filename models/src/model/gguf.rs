@@ -13,7 +13,7 @@
 
 use crate::model::mapped::FileBytes;
 use kernel_common::KernelError;
-use quant_kernels::{ggml_type_name, QuantMatrix, WeightFormat};
+use kernel_quant::{ggml_type_name, QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -11,7 +11,7 @@ use crate::model::mapped::FileBytes;
 use crate::model::source::{build, LoadOptions, TensorSource};
 use crate::model::tokenizer::TextTokenizer;
 use kernel_common::KernelError;
-use quant_kernels::{QuantMatrix, WeightFormat};
+use kernel_quant::{QuantMatrix, WeightFormat};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! The model's KV cache storage: one paged cache per layer (`paged_kernels::KvCache`, blocks
+//! The model's KV cache storage: one paged cache per layer (`kernel_paged::KvCache`, blocks
 //! `[kv_heads, block_size, head_dim]` in the model's `KvCacheFormat` — f32 by default, or
 //! f16, bf16, FP8 E4M3, int8, or progressive: recent tokens wide, aged blocks narrow —
 //! NaN-poisoned so a read of a slot nobody wrote shows up), written at a sequence's positions
@@ -12,7 +12,7 @@
 
 use crate::model::llama::{Llama, Result};
 use kernel_common::{Buffer, KernelError};
-use paged_kernels::{KvCache, KvCacheFormat, KvPool, PoolLayout};
+use kernel_paged::{KvCache, KvCacheFormat, KvPool, PoolLayout};
 
 /// Per-layer K/V caches sharing one layout and format.
 pub struct KvPools {

@@ -3,17 +3,17 @@
 //! chooses — Q/K/V/O and MLP biases, per-head or whole-projection QK RMSNorm, Gemma's pre- and
 //! post-norms, SwiGLU or GeGLU, embedding scale, attention scale and soft-capping — and a
 //! dense or MoE feed-forward), the layers (each with its sliding window and RoPE kind), the
-//! projections (`Projection`: Q/K/V and gate/up stacked into one `quant_kernels` product where
+//! projections (`Projection`: Q/K/V and gate/up stacked into one `kernel_quant` product where
 //! their formats agree, biases added after the product, laid out for the model's product by
 //! `set_matmul`), a tied or untied output head, and the attention kernels the forward pass
 //! calls (`attention_choice`). The forward pass itself is `forward.rs`.
 
 use crate::model::rope::{Rope, RopeSpec};
-use attention_kernels::AttentionKernel;
+use kernel_attention::AttentionKernel;
 use kernel_common::KernelError;
-use moe_kernels::{Capacity, WeightNorm};
-use paged_kernels::{KvCacheFormat, SplitKv};
-use quant_kernels::{MatVecVariant, Prepared, QuantMatrix, WeightFormat};
+use kernel_moe::{Capacity, WeightNorm};
+use kernel_paged::{KvCacheFormat, SplitKv};
+use kernel_quant::{MatVecVariant, Prepared, QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
 
 /// The error type of the pipeline: one line naming the file or input at fault.
@@ -400,12 +400,12 @@ pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::FUSED;
 /// arithmetic on row-major weights (`fused:act=q8`, llama.cpp's `vec_dot` for that type) at
 /// the same tier; else `DEFAULT_MATMUL`.
 pub(super) fn product_for(variant: MatVecVariant, format: WeightFormat) -> MatVecVariant {
-    if quant_kernels::supports(variant, format).is_ok() {
+    if kernel_quant::supports(variant, format).is_ok() {
         return variant;
     }
     if let MatVecVariant::Packed(isa) = variant {
         let q8 = MatVecVariant::FusedQ8(isa);
-        if quant_kernels::supports(q8, format).is_ok() {
+        if kernel_quant::supports(q8, format).is_ok() {
             return q8;
         }
     }
@@ -445,7 +445,7 @@ impl Llama {
         }
         Ok(Llama {
             attention: attention_choice(attention)?,
-            fallback: attention_kernels::kernel_from_spec(&kernel_common::VariantSpec::parse(
+            fallback: kernel_attention::kernel_from_spec(&kernel_common::VariantSpec::parse(
                 "flash2",
             )?)?
             .expect("flash2 exists"),
@@ -600,7 +600,7 @@ pub fn attention_choice(spec: &str) -> Result<AttentionChoice> {
         let split = SplitKv::parse(parsed.params.get("split").map_or("auto", String::as_str))?;
         return Ok(AttentionChoice::Paged(split));
     }
-    match attention_kernels::kernel_from_spec(&parsed)? {
+    match kernel_attention::kernel_from_spec(&parsed)? {
         Some(k) => Ok(AttentionChoice::Contiguous(k)),
         None => Err(KernelError::Unsupported(format!(
             "unknown attention variant '{spec}' (naive, flash2, paged, with parameters)"

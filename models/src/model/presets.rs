@@ -11,8 +11,8 @@ use crate::model::rope::RopeSpec;
 use crate::model::source::{build, LoadOptions, TensorSource};
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{DType, KernelError};
-use moe_kernels::{Capacity, WeightNorm};
-use quant_kernels::{QuantMatrix, WeightFormat};
+use kernel_moe::{Capacity, WeightNorm};
+use kernel_quant::{QuantMatrix, WeightFormat};
 use std::collections::BTreeMap;
 
 /// A random-weight preset.

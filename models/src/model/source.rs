@@ -14,9 +14,9 @@ use crate::model::llama::{
     Expert, Ffn, Layer, Llama, Projection, QkNorm, Result, SharedExpert, DEFAULT_MATMUL,
 };
 use kernel_common::KernelError;
-use moe_kernels::Capacity;
-use paged_kernels::KvCacheFormat;
-use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
+use kernel_moe::Capacity;
+use kernel_paged::KvCacheFormat;
+use kernel_quant::{MatVecVariant, QuantMatrix, WeightFormat};
 
 /// Tensors by name, each as a rows × cols matrix (vectors: one row; a 3-D tensor: its
 /// matrices' rows one after another).

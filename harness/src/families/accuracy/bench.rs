@@ -7,9 +7,9 @@
 use crate::error::{HarnessError, Result};
 use crate::quality::{run, RefLogits, RefMeta};
 use indicatif::ProgressBar;
+use kernel_quant::{MatVecVariant, WeightFormat};
 use models::eval::perplexity::{KlStats, PplStats, Window};
 use models::{load, Llama, LoadOptions, Session, WeightOverride};
-use quant_kernels::{MatVecVariant, WeightFormat};
 use std::collections::HashMap;
 use std::time::Instant;
 

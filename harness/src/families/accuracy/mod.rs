@@ -17,9 +17,9 @@ use crate::sweep::PointKey;
 use crate::texts::Text;
 use bench::{Bench, Formats, Windows};
 use indicatif::ProgressBar;
+use kernel_quant::WeightFormat;
 use models::eval::perplexity::windows;
 use models::{load, LlamaConfig, LoadOptions, Proj};
-use quant_kernels::WeightFormat;
 use rows::{AccuracyCols, AccuracyRow, RowCtx, Subject};
 use std::path::Path;
 

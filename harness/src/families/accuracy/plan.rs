@@ -6,8 +6,8 @@
 //! format, every other matrix in the low one, both as real packed formats.
 
 use super::bench::Formats;
+use kernel_quant::WeightFormat;
 use models::{Proj, WeightOverride};
-use quant_kernels::WeightFormat;
 
 /// f32 weights with layer `layer` (every projection) quantised to `f`, simulated.
 pub fn one_layer(layer: usize, f: WeightFormat) -> Formats {

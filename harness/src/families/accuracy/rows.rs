@@ -7,7 +7,7 @@
 use super::bench::Measured;
 use crate::row::{Head, Heads, Row};
 use crate::spec::ExperimentSpec;
-use quant_kernels::WeightFormat;
+use kernel_quant::WeightFormat;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 

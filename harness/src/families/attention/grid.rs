@@ -4,7 +4,7 @@
 
 use crate::error::{HarnessError, Result};
 use crate::sweep::PointKey;
-use attention_kernels::AttentionShape;
+use kernel_attention::AttentionShape;
 use kernel_common::DType;
 use std::collections::BTreeMap;
 

@@ -42,5 +42,5 @@ pub const FAMILY: Family = Family {
 };
 
 fn variants() -> Vec<VariantInfo> {
-    listed("attention", attention_kernels::VARIANTS)
+    listed("attention", kernel_attention::VARIANTS)
 }

@@ -11,7 +11,7 @@ use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::peer::{write_case, CaseTensor, Peer, PeerError};
 use crate::roofline::Roofline;
 use crate::row::Heads;
-use attention_kernels::AttentionKernel;
+use kernel_attention::AttentionKernel;
 use kernel_common::Device;
 use serde_json::json;
 use std::path::Path;

@@ -11,8 +11,8 @@ use crate::mem_guard::{human, MemBudget};
 use crate::roofline::Roofline;
 use crate::row::{Heads, Row};
 use crate::spec::Limits;
-use attention_kernels::reference::{attention_rows, QueryRow};
-use attention_kernels::{AttentionInputs, AttentionKernel, PreparedAttention};
+use kernel_attention::reference::{attention_rows, QueryRow};
+use kernel_attention::{AttentionInputs, AttentionKernel, PreparedAttention};
 use kernel_common::{tolerance, Buffer, Device, ErrorStats};
 use std::time::Instant;
 

@@ -9,7 +9,7 @@ use crate::case_job::{
 };
 use crate::error::Result;
 use crate::registry;
-use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
+use kernel_attention::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
 use kernel_common::{tolerance, Buffer, DType, Device};
 use std::sync::Arc;
 
@@ -89,7 +89,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     });
     let expect = Arc::new(Expect {
         tol: tolerance(dtype),
-        reference: Some(attention_kernels::reference::attention(&shape, &inputs)),
+        reference: Some(kernel_attention::reference::attention(&shape, &inputs)),
         stored: stored_floats(case, &q.shape)?,
     });
     let mut runs = vec![];

@@ -14,9 +14,9 @@ use crate::render::{report, Rendered};
 use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
+use kernel_quant::WeightFormat;
 use models::{argmax, load, KvPools, Llama, LoadOptions, SeqChunk, Session};
 use peers::{DecodePeers, PeerPoint};
-use quant_kernels::WeightFormat;
 pub use rows::{DecodeCols, DecodeRow};
 use rows::{Phase, RowCtx};
 use std::fmt::Write as _;
@@ -256,7 +256,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             for (mname, variant) in &matmuls {
                 // A product that takes none of the model's formats would only repeat `fused`.
                 let format = m.layers[0].wo.format();
-                if quant_kernels::supports(*variant, format).is_err() {
+                if kernel_quant::supports(*variant, format).is_err() {
                     bar.inc(points as u64);
                     continue;
                 }

@@ -15,8 +15,8 @@ use indicatif::ProgressBar;
 use kernel_common::inputs::{derive_seed, normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
 use kernel_cpu::Isa;
-use paged_kernels::reference::cache_reference;
-use paged_kernels::{
+use kernel_paged::reference::cache_reference;
+use kernel_paged::{
     paged_decode_cache, KvCache, KvCacheFormat, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv,
 };
 use rand::seq::SliceRandom;

@@ -19,9 +19,9 @@ use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
 use crate::texts::Text;
 use kernel_cpu::Isa;
+use kernel_paged::{KvCacheFormat, PoolLayout};
 use models::eval::perplexity::windows;
 use models::{load, Llama};
-use paged_kernels::{KvCacheFormat, PoolLayout};
 use std::path::Path;
 
 /// The row columns.

@@ -13,9 +13,9 @@ use crate::quality::{run_chunked, RefLogits, RefMeta};
 use crate::row::Head;
 use indicatif::ProgressBar;
 use kernel_common::ErrorStats;
+use kernel_paged::{KvCache, KvCacheFormat};
 use models::eval::perplexity::{KlStats, Moments, PplStats, Window};
 use models::{KvPools, Llama, Session};
-use paged_kernels::{KvCache, KvCacheFormat};
 
 /// What one quality point evaluates.
 pub struct QualityPoint<'a> {

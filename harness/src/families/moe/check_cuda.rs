@@ -6,16 +6,16 @@
 //! probabilities against f64, then each later stage exactly against the CPU stage fed the
 //! same inputs.
 
-use super::check::{cases, Case};
 use crate::checking::Ctx;
 use crate::error::Result;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats};
-use moe_kernels::cuda::{
+use kernel_moe::cases::{cases, Case};
+use kernel_moe::cuda::{
     capacity_cuda, combine_cuda, dispatch_cuda, route_cuda, slots_per_expert, DeviceRouting,
 };
-use moe_kernels::reference::experts_reference;
-use moe_kernels::{
+use kernel_moe::reference::experts_reference;
+use kernel_moe::{
     experts_forward, route, route_reference, routing::select, Capacity, ExpertVariant, MoeConfig,
     MoeWeights, WeightNorm,
 };
@@ -213,7 +213,7 @@ fn capacity_agrees(
     c: &MoeConfig,
     routed: &DeviceRouting,
     positions: &[i32],
-    cpu: &[moe_kernels::routing::Assignment],
+    cpu: &[kernel_moe::routing::Assignment],
 ) -> bool {
     let mut seen = vec![vec![]; c.experts];
     for ((a, &p), &e) in cpu.iter().zip(positions).zip(&routed.experts) {

@@ -19,9 +19,9 @@ use crate::spec::parse_set;
 use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats};
-use moe_kernels::cuda::experts::DeviceExperts;
-use moe_kernels::reference::experts_reference;
-use moe_kernels::{
+use kernel_moe::cuda::experts::DeviceExperts;
+use kernel_moe::reference::experts_reference;
+use kernel_moe::{
     experts_forward, route, Capacity, ExpertVariant, MoeConfig, MoeWeights, Routing, RoutingStats,
 };
 use std::collections::hash_map::{Entry, HashMap};
@@ -205,7 +205,7 @@ fn cpu_row(
     }
     p.judge(&mut row, &out, &p.want, DType::F32);
     let timed = time_reps(reps, budget, flusher, || {
-        moe_kernels::moe_forward(&p.cfg, p.w, p.x, variant, &mut out).map(|_| ())
+        kernel_moe::moe_forward(&p.cfg, p.w, p.x, variant, &mut out).map(|_| ())
     });
     match timed {
         Ok(t) => set_timing(&mut row, &t),

@@ -6,7 +6,7 @@
 
 use crate::error::{HarnessError, Result};
 use crate::run_files::GridValues;
-use moe_kernels::{parse_capacity, Capacity, Choice, MoeConfig, Priority, WeightNorm};
+use kernel_moe::{parse_capacity, Capacity, Choice, MoeConfig, Priority, WeightNorm};
 use std::collections::BTreeMap;
 
 fn usage(e: impl std::fmt::Display) -> HarnessError {

@@ -53,7 +53,7 @@ fn check(ctx: &mut Ctx) -> Result<()> {
 }
 
 fn variants() -> Vec<VariantInfo> {
-    listed("moe", moe_kernels::VARIANTS)
+    listed("moe", kernel_moe::VARIANTS)
 }
 
 /// Grid keys a moe experiment understands.

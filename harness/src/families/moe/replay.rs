@@ -12,7 +12,7 @@ use crate::case_job::{f32_tensor, stored_floats, wanted, EachCall, Expect, Outpu
 use crate::error::Result;
 use crate::registry;
 use kernel_common::{tolerance, DType};
-use moe_kernels::{Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
+use kernel_moe::{Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
 use std::sync::Arc;
 
 /// The routing convention the file's metadata names.
@@ -84,7 +84,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     let (choice, norm) = convention(case)?;
     let capacity = match case.meta.get("capacity") {
         None => Capacity::Dropless,
-        Some(c) => moe_kernels::parse_capacity(c).map_err(|e| case.error(e))?,
+        Some(c) => kernel_moe::parse_capacity(c).map_err(|e| case.error(e))?,
     };
     let min_capacity = match case.meta.get("min_capacity").map(|v| v.parse::<usize>()) {
         None => 1,
@@ -120,10 +120,10 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     };
     weights.check(&cfg).map_err(|e| case.error(e))?;
     let xs = f32_tensor(case, "x", x)?;
-    let exact = moe_kernels::route_reference(&cfg, &xs, &weights.router, &weights.bias)
+    let exact = kernel_moe::route_reference(&cfg, &xs, &weights.router, &weights.bias)
         .map_err(|e| case.error(e))?;
     let all: Vec<usize> = (0..tokens).collect();
-    let reference = moe_kernels::reference::experts_reference(&cfg, &weights, &xs, &exact, &all);
+    let reference = kernel_moe::reference::experts_reference(&cfg, &weights, &xs, &exact, &all);
     let expect = Arc::new(Expect {
         tol: tolerance(DType::F32).scaled_to(&reference),
         reference: Some(reference),
@@ -131,7 +131,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     });
     let (weights, xs) = (Arc::new(weights), Arc::new(xs));
     let mut runs = vec![];
-    for name in moe_kernels::VARIANTS
+    for name in kernel_moe::VARIANTS
         .iter()
         .filter(|v| v.device == kernel_common::Runs::Cpu)
         .map(|v| v.name)
@@ -146,7 +146,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
                 let (weights, xs) = (weights.clone(), xs.clone());
                 move || {
                     let mut out = vec![f32::NAN; xs.len()];
-                    moe_kernels::moe_forward(&cfg, &weights, &xs, variant, &mut out)?;
+                    kernel_moe::moe_forward(&cfg, &weights, &xs, variant, &mut out)?;
                     Ok(Output::Floats(out))
                 }
             }))),

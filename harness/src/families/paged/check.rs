@@ -12,14 +12,12 @@
 
 use crate::checking::Ctx;
 use crate::error::Result;
-use attention_kernels::shape::options_label;
-use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_attention::shape::options_label;
+use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::inputs::{derive_seed, rng};
 use kernel_common::{tolerance, Buffer, DType, Device, ErrorStats};
-use paged_kernels::adapter::build_pool;
-use paged_kernels::{
-    pool::gather, CacheCaseSpec, KvCacheFormat, PagedCase, PagedCaseSpec, SplitKv,
-};
+use kernel_paged::adapter::build_pool;
+use kernel_paged::{pool::gather, CacheCaseSpec, KvCacheFormat, PagedCase, PagedCaseSpec, SplitKv};
 use rand::Rng;
 
 /// A case: what to build, and the window and soft-cap its shape takes.
@@ -236,7 +234,7 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             };
             for (split, name) in splits(prefix, spec.seed) {
                 let got = if cuda {
-                    paged_kernels::cuda::paged_decode_cuda(&c.shape, &c.batch, &c.pool, &c.q, split)
+                    kernel_paged::cuda::paged_decode_cuda(&c.shape, &c.batch, &c.pool, &c.q, split)
                         .map(|b| b.to_f32())
                 } else {
                     c.decode(split)

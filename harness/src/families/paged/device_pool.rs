@@ -4,11 +4,11 @@
 //! nowhere.
 
 use crate::error::Result;
-use attention_kernels::{AttentionInputs, AttentionShape};
+use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::Buffer;
-use paged_kernels::adapter::pool_plan;
-use paged_kernels::cuda::{paged_append_cuda, slots};
-use paged_kernels::{KvPool, PagedBatch};
+use kernel_paged::adapter::pool_plan;
+use kernel_paged::cuda::{paged_append_cuda, slots};
+use kernel_paged::{KvPool, PagedBatch};
 
 /// The pool `build_pool` makes (`pool_plan`: same layout and shuffled tables), filled by the
 /// CUDA append kernel instead: every sequence's tokens in one launch (plus two padding tokens with

@@ -25,5 +25,5 @@ pub const FAMILY: Family = Family {
 };
 
 fn variants() -> Vec<VariantInfo> {
-    listed("paged", paged_kernels::VARIANTS)
+    listed("paged", kernel_paged::VARIANTS)
 }

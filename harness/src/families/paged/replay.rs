@@ -8,7 +8,7 @@ use crate::case_job::{
 };
 use crate::error::Result;
 use kernel_common::{tolerance, Buffer};
-use paged_kernels::{KvPool, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv};
+use kernel_paged::{KvPool, PagedBatch, PagedDecodeShape, PoolLayout, SplitKv};
 use std::sync::Arc;
 
 /// The jobs of a paged case file.
@@ -91,7 +91,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
     let expect = Arc::new(Expect {
         tol: tolerance(dtype),
         reference: Some(
-            paged_kernels::reference::paged_reference(&shape, &batch, &pool, &qb)
+            kernel_paged::reference::paged_reference(&shape, &batch, &pool, &qb)
                 .map_err(|e| case.error(e))?,
         ),
         stored: stored_floats(case, &q.shape)?,
@@ -108,7 +108,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
                 let (batch, pool, qb) = (batch.clone(), pool.clone(), qb.clone());
                 move || {
                     let mut out = Buffer::poisoned(dtype, shape.q_elems(batch.len()));
-                    paged_kernels::paged_decode(&shape, &batch, &pool, &qb, &mut out, split)?;
+                    kernel_paged::paged_decode(&shape, &batch, &pool, &qb, &mut out, split)?;
                     Ok(Output::Floats(out.to_f32()))
                 }
             }))),

@@ -4,7 +4,7 @@
 
 use crate::row::{Heads, Row};
 use kernel_common::KernelError;
-use quant_kernels::{QuantError, QuantMatrix, WeightFormat};
+use kernel_quant::{QuantError, QuantMatrix, WeightFormat};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

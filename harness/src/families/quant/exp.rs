@@ -20,7 +20,7 @@ use crate::spec::Limits;
 use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, DType, ErrorStats};
-use quant_kernels::{
+use kernel_quant::{
     matvec::cost, reference, MatVecVariant, Prepared, QuantError, QuantMatrix, WeightDist,
     WeightFormat,
 };
@@ -109,7 +109,7 @@ impl QuantGrid {
             .formats
             .iter()
             .flat_map(|f| variants.iter().map(move |(_, v)| (*f, *v)))
-            .filter(|&(f, v)| quant_kernels::supports(v, f).is_ok())
+            .filter(|&(f, v)| kernel_quant::supports(v, f).is_ok())
             .count();
         pairs * self.shapes.len() * self.dists.len() * self.batches.len()
     }
@@ -232,7 +232,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     let mut rows = vec![];
                     for &format in &qgrid.formats {
                         for (vname, variant) in &variants {
-                            if quant_kernels::supports(*variant, format).is_ok() {
+                            if kernel_quant::supports(*variant, format).is_ok() {
                                 rows.push(skipped(vname, format, batch));
                             }
                         }
@@ -289,7 +289,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 let mut point: Vec<(QuantRow, Option<Timed>)> = vec![];
                 for st in &stored {
                     for (vname, variant) in &variants {
-                        if quant_kernels::supports(*variant, st.format).is_err() {
+                        if kernel_quant::supports(*variant, st.format).is_err() {
                             continue;
                         }
                         let mut row = base.format_row(vname, st.format, batch, st.err);
@@ -386,8 +386,7 @@ fn time_interleaved(
     for (i, (_, timed)) in point.iter().enumerate() {
         if let Some(Timed::Ours(m, MatVecVariant::Cuda)) = timed {
             let m = m.rows_matrix();
-            match quant_kernels::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| g.time(reps))
-            {
+            match kernel_quant::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| g.time(reps)) {
                 Ok(t) => samples[i] = t,
                 Err(e) => errors[i] = Some(e.to_string()),
             }
@@ -495,7 +494,7 @@ impl Check<'_> {
             .collect();
         // act=q8 multiplies the int8-quantised activation: judge it against that product
         // (out_rel_err below still measures against x itself).
-        let seen = quant_kernels::activation_as_seen(variant, m.format, self.x, m.cols);
+        let seen = kernel_quant::activation_as_seen(variant, m.format, self.x, m.cols);
         let want = reference::matmul_rows(m, &seen, batch, self.sampled);
         let stats = ErrorStats::compare(&got, &want);
         row.max_abs_err = Some(stats.max_abs);

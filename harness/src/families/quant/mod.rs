@@ -37,7 +37,7 @@ pub const FAMILY: Family = Family {
 };
 
 fn variants() -> Vec<VariantInfo> {
-    listed("quant", quant_kernels::VARIANTS)
+    listed("quant", kernel_quant::VARIANTS)
 }
 
 /// Grid keys a quant experiment understands.

@@ -23,7 +23,7 @@ use crate::peer::{Manifest, ScratchDir};
 use crate::run_files::ExpRequest;
 use crate::spec::Limits;
 use kernel_common::{tolerance, DType, ErrorStats};
-use quant_kernels::{MatVecVariant, Prepared, QuantError, QuantMatrix, WeightFormat};
+use kernel_quant::{MatVecVariant, Prepared, QuantError, QuantMatrix, WeightFormat};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

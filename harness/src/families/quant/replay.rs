@@ -7,7 +7,7 @@ use crate::case_job::{wanted, EachCall, Expect, Job, Output, Prepared, Run};
 use crate::error::Result;
 use crate::registry;
 use kernel_common::{tolerance, DType};
-use quant_kernels::{MatVecVariant, QuantMatrix, WeightFormat};
+use kernel_quant::{MatVecVariant, QuantMatrix, WeightFormat};
 use std::sync::Arc;
 
 /// The jobs of a quant case file.
@@ -110,8 +110,8 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
             None => None,
         };
         let expect_for = |variant: MatVecVariant, stored: Option<Output>| {
-            let seen = quant_kernels::activation_as_seen(variant, w.format, &av, cols);
-            let reference = quant_kernels::reference::matmul(&w, &seen, batch);
+            let seen = kernel_quant::activation_as_seen(variant, w.format, &av, cols);
+            let reference = kernel_quant::reference::matmul(&w, &seen, batch);
             Arc::new(Expect {
                 tol: tolerance(DType::F32).scaled_to(&reference),
                 reference: Some(reference),
@@ -119,7 +119,7 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
             })
         };
         let expect = expect_for(MatVecVariant::Dequant, stored);
-        for name in quant_kernels::VARIANTS.iter().map(|v| v.name) {
+        for name in kernel_quant::VARIANTS.iter().map(|v| v.name) {
             if !wanted(asked, name) {
                 continue;
             }
@@ -129,12 +129,12 @@ pub fn prepare(case: &CaseFile, asked: &[String]) -> Result<Prepared> {
                 .cloned()
                 .unwrap_or_else(|| name.to_string());
             let (vname, variant) = registry::quant_variant(&spec)?;
-            let job = quant_kernels::supports(variant, format)
+            let job = kernel_quant::supports(variant, format)
                 .map(|()| {
                     let (w, act) = (w.clone(), av.clone());
                     Box::new(EachCall(move || {
                         let mut out = vec![f32::NAN; batch * w.rows];
-                        quant_kernels::matmul(&w, &act, batch, &mut out, variant)?;
+                        kernel_quant::matmul(&w, &act, batch, &mut out, variant)?;
                         Ok(Output::Floats(out))
                     })) as Box<dyn Job>
                 })

@@ -8,8 +8,8 @@
 use crate::adapter::{decode_shape, experiment_pool, paged_cost, require_causal, variant_name};
 use crate::decode::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use crate::pool::{KvPool, PagedBatch, PoolLayout};
-use attention_kernels::cuda::{cuda_only, device_options, CUDA_HEAD_DIMS};
-use attention_kernels::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
+use kernel_attention::cuda::{cuda_only, device_options, CUDA_HEAD_DIMS};
+use kernel_attention::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
 use kernel_common::error::Result;
 use kernel_common::{Buffer, Cost, DType, Device, KernelError};
 use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, i32_bytes};

@@ -5,7 +5,7 @@
 
 use crate::model::arch::{llama, names, Architecture, ExpertPart, HfConfig, ModelSpec, Part};
 use crate::model::llama::{MoeSpec, Result};
-use moe_kernels::{Capacity, WeightNorm};
+use kernel_moe::{Capacity, WeightNorm};
 
 pub const ROW: Architecture = Architecture {
     name: "mixtral",

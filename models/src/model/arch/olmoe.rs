@@ -5,7 +5,7 @@
 
 use crate::model::arch::{names, Architecture, GgufMeta, HfConfig, ModelSpec};
 use crate::model::llama::{MoeSpec, QkNorm, Result, RopeLayout};
-use moe_kernels::{Capacity, WeightNorm};
+use kernel_moe::{Capacity, WeightNorm};
 
 pub const ROW: Architecture = Architecture {
     name: "olmoe",

@@ -7,7 +7,7 @@
 
 use crate::model::arch::{names, qwen2, Architecture, GgufMeta, HfConfig, LayerSpec, ModelSpec};
 use crate::model::llama::{MoeSpec, Result, RopeLayout};
-use moe_kernels::{Capacity, WeightNorm};
+use kernel_moe::{Capacity, WeightNorm};
 
 pub const ROW: Architecture = Architecture {
     name: "qwen2moe",

@@ -5,7 +5,7 @@
 //! (multi-candidate recursive rejection sampling, lossless).
 //!
 //! Tree attention takes a sliding window (in positions: node a sits at ctx + depth(a)) and a
-//! logit soft-cap, as `attention_kernels::AttentionShape` defines them. It propagates a
+//! logit soft-cap, as `kernel_attention::AttentionShape` defines them. It propagates a
 //! non-finite query to its own node and a non-finite context K/V to every node whose window
 //! reaches it (each node sees the context and its ancestors within its window, and itself:
 //! no row is ever fully masked). Verification on non-finite scores or probabilities ends and names tokens in the
@@ -16,6 +16,8 @@ pub mod cuda;
 
 /// Tree attention over a paged KV cache, and its f64 reference.
 pub mod attention;
+/// The family's one case list: random draft trees and contexts, then the edge cases.
+pub mod cases;
 /// Draft trees: one representation (parent per node), shapes, mask, positions.
 pub mod tree;
 /// Greedy and lossless stochastic verification.

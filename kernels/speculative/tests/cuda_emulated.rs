@@ -5,23 +5,23 @@
 //! every query's window) and soft-capping. No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
-use attention_kernels::cuda::device_options;
+use kernel_attention::cuda::device_options;
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_common::{tolerance, Buffer, DType};
 use kernel_cuda::buffer::{buffer_bytes, f32_bytes, f32_from_bytes, i32_bytes};
+use kernel_paged::{KvPool, PoolLayout};
 use kernel_test_support::emu::Arg;
 use kernel_test_support::emulated::{assert_close, module};
 use kernel_test_support::mutations;
-use paged_kernels::{KvPool, PoolLayout};
 use rand::seq::SliceRandom;
 
 #[test]
 fn tree_attention_matches_the_reference() {
-    let Some(m) = module(&spec_kernels::cuda::SOURCE) else {
+    let Some(m) = module(&kernel_speculative::cuda::SOURCE) else {
         return;
     };
-    use spec_kernels::cuda::{depths, mask_bytes, plan_tree_attention};
-    use spec_kernels::{tree_attention_reference, DraftTree, TreeAttnShape, TreeContext};
+    use kernel_speculative::cuda::{depths, mask_bytes, plan_tree_attention};
+    use kernel_speculative::{tree_attention_reference, DraftTree, TreeAttnShape, TreeContext};
     let trees = [
         (
             DraftTree::static_shape(&[3, 2, 1]).unwrap(),

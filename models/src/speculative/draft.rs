@@ -8,7 +8,7 @@ use crate::model::forward::{SeqChunk, TreeChunk};
 use crate::model::kv::KvPools;
 use crate::model::llama::{Llama, Result};
 use crate::serve::sampler::{Sampler, SamplerConfig};
-use spec_kernels::DraftTree;
+use kernel_speculative::DraftTree;
 
 /// What a drafter proposes after a node.
 #[derive(Debug, Clone, PartialEq)]

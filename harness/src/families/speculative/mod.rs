@@ -1,23 +1,23 @@
-//! The spec family: speculative decoding with draft trees (SpecInfer, Medusa, EAGLE-2 shapes).
+//! The speculative family: speculative decoding with draft trees (SpecInfer, Medusa, EAGLE-2 shapes).
 //! Its check is tree attention (queries of tree nodes over the paged context and their own
 //! paths) against f64; its experiments run the speculative driver end to end on a real model
 //! against plain decoding in the same process.
 
 use crate::family::{listed, one_of, ExpFamily, Family, VariantInfo};
 
-/// `harness check --family spec`: tree attention.
+/// `harness check --family speculative`: tree attention.
 pub mod check;
 /// `harness exp` for spec specs: the driver against plain decoding.
 pub mod exp;
 
 pub const FAMILY: Family = Family {
-    name: "spec",
+    name: "speculative",
     about: "speculative decoding: tree attention, and the draft-verify driver",
     variants,
     check: Some(check::check),
     exp: Some(ExpFamily {
         grid_keys: GRID_KEYS,
-        variant: |v| one_of("spec", DRIVER, v),
+        variant: |v| one_of("speculative", DRIVER, v),
         run: exp::run,
         render: exp::render,
         peers: false,
@@ -32,8 +32,8 @@ const DRIVER: &[kernel_common::VariantInfo] = &[kernel_common::VariantInfo::cpu(
 )];
 
 fn variants() -> Vec<VariantInfo> {
-    let mut v = listed("spec", spec_kernels::VARIANTS);
-    v.extend(listed("spec", DRIVER));
+    let mut v = listed("speculative", kernel_speculative::VARIANTS);
+    v.extend(listed("speculative", DRIVER));
     v
 }
 

@@ -5,20 +5,20 @@
 //! distribution unchanged (chi-square on a vocabulary-8 preset: the first two tokens with a
 //! one-level tree, the first three with trees two and three deep — static 2,2,1 and dynamic —
 //! under top-k 3); bad configurations are errors. (The planted wrong draft distributions that
-//! the same deep-tree test rejects are in `kernels/spec/tests/verify.rs`.)
+//! the same deep-tree test rejects are in `kernels/speculative/tests/verify.rs`.)
 
+use kernel_speculative::{DraftTree, TreeShape};
 use kernel_test_support::stats::{chi_square, ChiSquare};
-use models::spec::draft::{Drafter, ModelDrafter, NgramDrafter};
-use models::spec::driver::{generate, generate_plain, SpecConfig};
+use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
+use models::speculative::driver::{generate, generate_plain, SpecConfig};
 use models::{load, KvPools, Llama, LoadOptions, SamplerConfig, SeqChunk, Session};
-use spec_kernels::{DraftTree, TreeShape};
 
 fn model(name: &str, weights: Option<&str>) -> Llama {
     load(
         name,
         &LoadOptions {
             attention: "paged".into(),
-            weights: weights.map(|w| quant_kernels::WeightFormat::parse(w).unwrap()),
+            weights: weights.map(|w| kernel_quant::WeightFormat::parse(w).unwrap()),
             ..LoadOptions::default()
         },
     )

@@ -6,12 +6,12 @@
 
 use kernel_common::inputs::{normal_buffer, rng};
 use kernel_common::{Buffer, DType};
-use paged_kernels::{KvPool, PoolLayout};
-use rand::seq::SliceRandom;
-use rand::Rng;
-use spec_kernels::{
+use kernel_paged::{KvPool, PoolLayout};
+use kernel_speculative::{
     tree_attention, tree_attention_reference, DraftTree, TreeAttnShape, TreeContext,
 };
+use rand::seq::SliceRandom;
+use rand::Rng;
 
 fn pool(blocks: usize, bs: usize, kvh: usize, d: usize, seed: u64) -> KvPool {
     let layout = PoolLayout {
@@ -238,11 +238,11 @@ fn a_chain_is_causal_attention() {
                 qh_major[dst..dst + d].copy_from_slice(&q[src..src + d]);
             }
         }
-        let batch = paged_kernels::PagedBatch {
+        let batch = kernel_paged::PagedBatch {
             context_lens: vec![ctx + k + 1],
             block_tables: vec![table.clone()],
         };
-        let dshape = paged_kernels::PagedDecodeShape {
+        let dshape = kernel_paged::PagedDecodeShape {
             q_heads: qh,
             kv_heads: kvh,
             head_dim: d,
@@ -252,13 +252,13 @@ fn a_chain_is_causal_attention() {
             softcap,
         };
         let mut dec = Buffer::poisoned(DType::F32, q.len());
-        paged_kernels::paged_decode(
+        kernel_paged::paged_decode(
             &dshape,
             &batch,
             &p,
             &Buffer::F32(qh_major),
             &mut dec,
-            paged_kernels::SplitKv::Off,
+            kernel_paged::SplitKv::Off,
         )
         .unwrap();
         let dec = dec.to_f32();

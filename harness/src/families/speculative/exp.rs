@@ -1,4 +1,4 @@
-//! `harness exp` for the spec family (claims C21, C22): speculative decoding on a real model
+//! `harness exp` for the speculative family (claims C21, C22): speculative decoding on a real model
 //! over drafters × tree shapes × temperatures × prompt kinds. For each (drafter, prompt,
 //! temperature) plain decoding runs first in the same process, then every tree shape, the
 //! whole round repeated `reps` times (the spec's `reps`, default 1); a row holds acceptance
@@ -19,10 +19,10 @@ use crate::row::{Head, Row};
 use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
-use models::spec::driver::{generate, generate_plain, SpecConfig};
+use kernel_speculative::TreeShape;
+use models::speculative::driver::{generate, generate_plain, SpecConfig};
 use models::{load, SamplerConfig};
 use serde::{Deserialize, Serialize};
-use spec_kernels::TreeShape;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
@@ -115,7 +115,7 @@ fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize
     let kv = planned_kv(target, capacity);
     let weights = if let Some(fmt) = spec.strip_prefix("self:") {
         let f32_bytes = target.f32_weight_bytes() as f64;
-        quant_kernels::WeightFormat::parse(fmt)
+        kernel_quant::WeightFormat::parse(fmt)
             .map_or(f32_bytes, |f| f32_bytes * f.bits_per_weight() / 32.0) as u64
     } else if spec.starts_with("self-layers:") || spec == path {
         target.held_bytes() as u64

@@ -12,10 +12,10 @@ use crate::model::forward::{SeqChunk, TreeChunk};
 use crate::model::kv::KvPools;
 use crate::model::llama::{argmax, Llama, Result};
 use crate::serve::sampler::{Sampler, SamplerConfig};
-use crate::spec::draft::{DraftDist, Drafter};
+use crate::speculative::draft::{DraftDist, Drafter};
 use kernel_common::inputs::pick;
 use kernel_common::KernelError;
-use spec_kernels::{verify_greedy, verify_stochastic, DraftTree, Proposal, TreeShape};
+use kernel_speculative::{verify_greedy, verify_stochastic, DraftTree, Proposal, TreeShape};
 use std::time::Instant;
 
 /// How the driver drafts.

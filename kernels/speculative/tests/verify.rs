@@ -9,10 +9,10 @@
 //! drafts came from the target's own distribution fails the same test.
 
 use kernel_common::inputs::rng;
+use kernel_speculative::{verify_greedy, verify_stochastic, DraftTree, Proposal};
 use kernel_test_support::stats::{chi_square, ChiSquare};
 use rand::rngs::StdRng;
 use rand::Rng;
-use spec_kernels::{verify_greedy, verify_stochastic, DraftTree, Proposal};
 
 const V: usize = 6;
 

@@ -1,5 +1,5 @@
-//! `harness check --family spec`: tree attention (speculative decoding's one pass over a draft
-//! tree) on random trees of 1..=48 nodes over a paged pool with a shuffled block table
+//! `harness check --family speculative`: tree attention (speculative decoding's one pass over a
+//! draft tree) on `kernel_speculative::cases` — random trees of 1..=48 nodes over a paged pool with a shuffled block table
 //! (MHA/GQA/MQA, odd head dims, block sizes 1..=32, contexts 0..=300 ending mid-block), with
 //! the queries of every node or of the deepest half only (a drafter's level-by-level pass),
 //! then the edge cases (root alone over an empty context, a long chain, a static tree, and
@@ -10,100 +10,27 @@
 
 use crate::checking::Ctx;
 use crate::error::Result;
-use attention_kernels::shape::{options_label, window_start};
+use kernel_attention::shape::{options_label, window_start};
 use kernel_common::inputs::{derive_seed, normal_buffer, normal_f32, rng};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats};
-use paged_kernels::{KvPool, PoolLayout};
+use kernel_paged::{KvPool, PoolLayout};
+use kernel_speculative::cases::cases;
+use kernel_speculative::{tree_attention_reference, TreeAttnShape, TreeContext};
 use rand::seq::SliceRandom;
-use rand::Rng;
-use spec_kernels::{tree_attention_reference, DraftTree, TreeAttnShape, TreeContext};
-
-struct Case {
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    block_size: usize,
-    ctx: usize,
-    tree: DraftTree,
-    /// Queries of the deepest half of the nodes only.
-    late_half: bool,
-    window: Option<usize>,
-    softcap: Option<f32>,
-}
-
-fn cases(n: usize, seed: u64) -> Vec<Case> {
-    let mut r = rng(seed ^ 0x5EC);
-    let mut out = vec![];
-    for _ in 0..n {
-        let kv_heads = [1, 2, 4][r.gen_range(0..3)];
-        let nodes = r.gen_range(1..=48);
-        let parents: Vec<Option<usize>> = (0..nodes)
-            .map(|i| (i > 0).then(|| r.gen_range(0..i)))
-            .collect();
-        let ctx = r.gen_range(0..=300);
-        out.push(Case {
-            q_heads: kv_heads * r.gen_range(1..=4),
-            kv_heads,
-            head_dim: [64, r.gen_range(1..=96)][r.gen_range(0..2)],
-            block_size: [1, 4, 16, 32][r.gen_range(0..4)],
-            ctx,
-            tree: DraftTree::from_parents(&parents).expect("parents precede children"),
-            late_half: r.gen_bool(0.3),
-            window: r
-                .gen_bool(1.0 / 3.0)
-                .then(|| [1, 2, r.gen_range(1..=ctx + nodes + 5)][r.gen_range(0..3)]),
-            softcap: r
-                .gen_bool(0.25)
-                .then(|| [50.0, r.gen_range(0.5f32..10.0)][r.gen_range(0..2)]),
-        });
-    }
-    let edge = |tree: DraftTree, ctx: usize| Case {
-        q_heads: 8,
-        kv_heads: 2,
-        head_dim: 64,
-        block_size: 16,
-        ctx,
-        tree,
-        late_half: false,
-        window: None,
-        softcap: None,
-    };
-    out.push(edge(DraftTree::root(), 0));
-    out.push(edge(DraftTree::chain(16), 33));
-    out.push(edge(
-        DraftTree::static_shape(&[4, 2, 2, 1]).expect("positive branching"),
-        17,
-    ));
-    // A window inside a chain (deep nodes lose the root), one reaching a few context
-    // positions with Gemma-2's cap, and a tight cap alone.
-    out.push(Case {
-        window: Some(5),
-        ..edge(DraftTree::chain(16), 40)
-    });
-    out.push(Case {
-        window: Some(9),
-        softcap: Some(50.0),
-        ..edge(
-            DraftTree::static_shape(&[4, 2, 2, 1]).expect("positive branching"),
-            17,
-        )
-    });
-    out.push(Case {
-        softcap: Some(1.0),
-        ..edge(DraftTree::chain(4), 20)
-    });
-    out
-}
 
 /// Runs the spec cases; rows go through `ctx` like every family's.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
     // The rows of the spec table that run on this device, as their check specs.
     let mut none = rand::rngs::mock::StepRng::new(0, 0);
-    let kernels =
-        crate::registry::check_specs(&[spec_kernels::VARIANTS], ctx.opts.device, 0, &mut none)
-            .iter()
-            .map(|spec| crate::registry::tree_kernel(spec))
-            .collect::<Result<Vec<_>>>()?;
+    let kernels = crate::registry::check_specs(
+        &[kernel_speculative::VARIANTS],
+        ctx.opts.device,
+        0,
+        &mut none,
+    )
+    .iter()
+    .map(|spec| crate::registry::tree_kernel(spec))
+    .collect::<Result<Vec<_>>>()?;
     for (i, c) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x5EC, i as u64);
         let mut r = rng(seed);
@@ -182,7 +109,7 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
         );
         for (name, outcome) in outcomes {
             ctx.record_with(
-                "spec",
+                "speculative",
                 i,
                 &name,
                 DType::F32,

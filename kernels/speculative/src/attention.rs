@@ -12,12 +12,12 @@
 //! f64, materialising the scores.
 
 use crate::tree::DraftTree;
-use attention_kernels::cpu::softcap::cap_score;
-use attention_kernels::reference::softcap;
-use attention_kernels::shape::{validate_window_softcap, window_start};
+use kernel_attention::cpu::softcap::cap_score;
+use kernel_attention::reference::softcap;
+use kernel_attention::shape::{validate_window_softcap, window_start};
 use kernel_common::{error::Result, Buffer, KernelError};
 use kernel_cpu::simd::{axpy_plain, dot_plain};
-use paged_kernels::KvPool;
+use kernel_paged::KvPool;
 use rayon::prelude::*;
 
 /// Where a tree attention call reads: the pool, the sequence's block table, the committed
@@ -34,7 +34,7 @@ pub struct TreeContext<'a> {
 /// Heads, scale, sliding window and soft-cap of a tree attention call. Positions are those
 /// of RoPE: context key j at j, tree node a at ctx + depth(a); the query of node i (at
 /// p = ctx + depth(i)) sees a key at position j iff j ≤ p and p − j < window (as
-/// `attention_kernels::AttentionShape`), and scores are cap · tanh(scale · q·k / cap).
+/// `kernel_attention::AttentionShape`), and scores are cap · tanh(scale · q·k / cap).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TreeAttnShape {
     pub q_heads: usize,

@@ -4,7 +4,7 @@
 //! bytes and the node depths as i32 (a node's position is ctx + depth).
 
 use crate::attention::{check, TreeAttnShape, TreeContext};
-use attention_kernels::cuda::device_options;
+use kernel_attention::cuda::device_options;
 use kernel_common::error::Result;
 use kernel_common::{Buffer, KernelError};
 use kernel_cuda::buffer::{f32_bytes, f32_from_bytes, i32_bytes};
@@ -122,7 +122,7 @@ pub fn tree_attention_cuda(shape: &TreeAttnShape, at: &TreeContext, q: &[f32]) -
 mod tests {
     use super::*;
     use crate::tree::DraftTree;
-    use paged_kernels::{KvPool, PoolLayout};
+    use kernel_paged::{KvPool, PoolLayout};
 
     #[test]
     fn plan_and_mask() {
