@@ -28,6 +28,8 @@ pub mod codec;
 pub mod coded_rows;
 /// Paged decode attention: one pass, or split-KV with a log-sum-exp reduction.
 pub mod decode;
+/// The query side of a decode call and the split-KV policy.
+pub mod decode_shape;
 /// The formats a KV cache stores (`--kv-cache`) and their bytes per token.
 pub mod kv_format;
 /// The KV block pool, block tables, the append kernel and the gather used by the reference.

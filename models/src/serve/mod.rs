@@ -6,6 +6,8 @@
 pub mod blocks;
 /// KV allocation simulated under a budget: contiguous vs paged, prefix sharing.
 pub mod kvsim;
+/// The scheduler's modes, configuration, requests and records.
+pub mod policy;
 /// Greedy, temperature, top-k and top-p sampling, seeded.
 pub mod sampler;
 /// Continuous, static and dynamic batching over the paged KV cache.
