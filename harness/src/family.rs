@@ -24,6 +24,9 @@ pub struct Family {
     pub exp: Option<ExpFamily>,
     /// `harness replay` of case files with `family = NAME`.
     pub replay: Option<ReplayFamily>,
+    /// Its CUDA sources (each `.cu` with the prelude), what the CI compile check compiles and
+    /// the fake driver serves; empty for a family with no CUDA code.
+    pub cuda: &'static [kernel_cuda::KernelSource],
 }
 
 /// A family's experiments: the grid keys a spec may set, which variant names it takes, the

@@ -74,18 +74,7 @@ pub enum Format {
     Json,
 }
 
-/// Every family's CUDA sources, in family order: what the CI compile check compiles.
-pub fn cuda_sources() -> Vec<kernel_cuda::KernelSource> {
-    vec![
-        kernel_attention::cuda::SOURCE,
-        kernel_paged::cuda::SOURCE,
-        kernel_moe::cuda::SOURCE,
-        kernel_moe::cuda::experts::SOURCE,
-        kernel_quant::cuda::SOURCE,
-        kernel_speculative::cuda::SOURCE,
-        kernel_cuda::roofline::SOURCE,
-    ]
-}
+pub use families::cuda_sources;
 
 /// ARCHITECTURE.md, whose worked examples are compiled and run as doctests so the files and
 /// fields they name stay the real ones.

@@ -92,3 +92,13 @@ pub fn replayable(name: &str) -> std::result::Result<&'static ReplayFamily, Stri
 pub fn all_variants() -> Vec<VariantInfo> {
     FAMILIES.iter().flat_map(|f| (f.variants)()).collect()
 }
+
+/// Every family's CUDA sources in table order, then the roofline's: what the CI compile
+/// check compiles.
+pub fn cuda_sources() -> Vec<kernel_cuda::KernelSource> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.cuda.iter().copied())
+        .chain([kernel_cuda::roofline::SOURCE])
+        .collect()
+}

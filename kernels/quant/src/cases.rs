@@ -136,3 +136,23 @@ impl Case {
         w
     }
 }
+
+/// The CUDA GEMV's cases, small enough for the emulator: its four formats (f16, sym4g32,
+/// q4_0, q8_0) at a GEMV, a 3-activation batch over 1024 columns and its largest batch, 8;
+/// Gaussian weights, seeded by the format and the row count.
+pub fn device() -> Vec<Case> {
+    let mut out = vec![];
+    for format in ["f16", "sym4g32", "q4_0", "q8_0"] {
+        for (rows, cols, batch) in [(37, 96, 1), (9, 1024, 3), (130, 64, 8)] {
+            out.push(Case {
+                format: WeightFormat::parse(format).expect("known format"),
+                rows,
+                cols,
+                batch,
+                dist: WeightDist::Gaussian,
+                hostile: false,
+            });
+        }
+    }
+    out
+}

@@ -42,6 +42,7 @@ pub const FAMILY: Family = Family {
         render,
         peers: false,
     }),
+    cuda: &[],
     replay: None,
 };
 

@@ -35,6 +35,7 @@ pub const FAMILY: Family = Family {
         render: report::render,
         peers: true,
     }),
+    cuda: &[kernel_attention::cuda::SOURCE],
     replay: Some(ReplayFamily {
         needs: "q, k, v ([batch, heads, len, head_dim]) and optionally out",
         prepare: replay::prepare,

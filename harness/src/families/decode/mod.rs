@@ -40,6 +40,7 @@ pub const FAMILY: Family = Family {
         render,
         peers: true,
     }),
+    cuda: &[],
     replay: None,
 };
 

@@ -29,6 +29,7 @@ pub const FAMILY: Family = Family {
         render,
         peers: false,
     }),
+    cuda: &[],
     replay: None,
 };
 

@@ -30,6 +30,7 @@ pub const FAMILY: Family = Family {
         render,
         peers: false,
     }),
+    cuda: &[],
     replay: None,
 };
 

@@ -47,6 +47,7 @@ pub const FAMILY: Family = Family {
         render,
         peers: false,
     }),
+    cuda: &[],
     replay: None,
 };
 

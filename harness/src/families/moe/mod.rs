@@ -37,6 +37,7 @@ pub const FAMILY: Family = Family {
         render: exp::render,
         peers: false,
     }),
+    cuda: &[kernel_moe::cuda::SOURCE, kernel_moe::cuda::experts::SOURCE],
     replay: Some(ReplayFamily {
         needs: "x [T, D], router [D, E], w_gate and w_up [E, D, F], w_down [E, F, D] (f32), optionally router_bias [E] and out",
         prepare: replay::prepare,

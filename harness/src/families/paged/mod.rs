@@ -18,6 +18,7 @@ pub const FAMILY: Family = Family {
     variants,
     check: Some(check::check),
     exp: None,
+    cuda: &[kernel_paged::cuda::SOURCE],
     replay: Some(ReplayFamily {
         needs: "q, k_cache, v_cache, block_tables, context_lens and optionally out",
         prepare: replay::prepare,

@@ -30,6 +30,7 @@ pub const FAMILY: Family = Family {
         render: report::render,
         peers: true,
     }),
+    cuda: &[kernel_quant::cuda::SOURCE],
     replay: Some(ReplayFamily {
         needs: "x ([rows, cols] f32), optionally q (u8 packed blocks) and out, act and y",
         prepare: replay::prepare,

@@ -41,6 +41,7 @@ pub const FAMILY: Family = Family {
         render,
         peers: false,
     }),
+    cuda: &[],
     replay: None,
 };
 

@@ -22,6 +22,7 @@ pub const FAMILY: Family = Family {
         render: exp::render,
         peers: false,
     }),
+    cuda: &[kernel_speculative::cuda::SOURCE],
     replay: None,
 };
 
