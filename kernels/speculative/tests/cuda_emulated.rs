@@ -1,147 +1,84 @@
-//! The spec CUDA kernel (tree attention over a paged KV cache), run by the CPU emulator
+//! The speculative CUDA kernel (tree attention over a paged KV cache), run by the CPU emulator
 //! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, warp shuffles),
-//! against the same f64 references the CPU variants answer to, with launch shapes from the
+//! on `kernel_speculative::cases::device()` beside the CPU kernel at every ISA tier
+//! (`Backends::for_each`), against the same f64 reference, with launch shapes from the
 //! host-side plans and NaN-poisoned outputs, with sliding windows (NaN in the context before
 //! every query's window) and soft-capping. No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
 use kernel_attention::cuda::device_options;
-use kernel_common::inputs::{normal_f32, rng};
-use kernel_common::{tolerance, Buffer, DType};
+use kernel_common::{tolerance, DType};
 use kernel_cuda::buffer::{buffer_bytes, f32_bytes, f32_from_bytes, i32_bytes};
-use kernel_paged::{KvPool, PoolLayout};
-use kernel_test_support::emu::Arg;
-use kernel_test_support::emulated::{assert_close, module};
+use kernel_speculative::cases::{device, Built, Case};
+use kernel_speculative::cuda::{depths, mask_bytes, plan_tree_attention};
+use kernel_speculative::{tree_attention, tree_attention_reference};
+use kernel_test_support::backends::{Backend, Backends};
+use kernel_test_support::emu::{Arg, EmuModule};
+use kernel_test_support::emulated::assert_close;
 use kernel_test_support::mutations;
-use rand::seq::SliceRandom;
 
 #[test]
 fn tree_attention_matches_the_reference() {
-    let Some(m) = module(&kernel_speculative::cuda::SOURCE) else {
-        return;
-    };
-    use kernel_speculative::cuda::{depths, mask_bytes, plan_tree_attention};
-    use kernel_speculative::{tree_attention_reference, DraftTree, TreeAttnShape, TreeContext};
-    let trees = [
-        (
-            DraftTree::static_shape(&[3, 2, 1]).unwrap(),
-            21,
-            64,
-            4,
-            None,
-            None,
-        ),
-        (DraftTree::chain(5), 0, 48, 1, None, None),
-        (DraftTree::root(), 9, 128, 16, None, None),
-        // Windows: inside the tree (the deepest nodes lose the root), reaching a few
-        // context positions, past everything; caps tight and Gemma-2's.
-        (DraftTree::chain(6), 30, 64, 4, Some(3), None),
-        (
-            DraftTree::static_shape(&[3, 2, 1]).unwrap(),
-            21,
-            64,
-            4,
-            Some(6),
-            Some(1.5),
-        ),
-        (
-            DraftTree::static_shape(&[2, 2]).unwrap(),
-            40,
-            32,
-            8,
-            Some(100),
-            Some(50.0),
-        ),
-        (DraftTree::chain(3), 17, 64, 16, None, Some(0.8)),
-    ];
-    for (ti, (tree, ctx, head_dim, bs, window, softcap)) in trees.iter().enumerate() {
-        let (kv_heads, q_heads) = (2, 6);
-        let n = tree.len();
-        let used = (ctx + n).div_ceil(*bs);
-        let layout = PoolLayout {
-            num_blocks: used + 1,
-            block_size: *bs,
-            kv_heads,
-            head_dim: *head_dim,
-        };
-        let mut r = rng(ti as u64);
-        let elems = layout.num_blocks * layout.block_elems();
-        let mut table: Vec<u32> = (0..layout.num_blocks as u32).collect();
-        table.shuffle(&mut r);
-        let (mut k, mut v) = (
-            normal_f32(&mut r, elems, 1.0),
-            normal_f32(&mut r, elems, 1.0),
-        );
-        // NaN in the context positions no query sees (the root's window reaches furthest).
-        let first = window.map_or(0, |w| (ctx + 1).saturating_sub(w));
-        for pos in 0..first.min(*ctx) {
-            for h in 0..kv_heads {
-                let at = layout.position_offset(&table, h, pos);
-                k[at..at + head_dim].fill(f32::NAN);
-                v[at..at + head_dim].fill(f32::NAN);
+    // The family's device cases on every backend: the CPU tree attention at every ISA tier,
+    // then the CUDA kernel on the emulator, the queries in reverse topological order.
+    let backends = Backends::with_emulator(&kernel_speculative::cuda::SOURCE);
+    for (ti, case) in device().iter().enumerate() {
+        let mut built = case.build(ti as u64);
+        built.nodes.reverse();
+        let at = built.context(case);
+        let want = tree_attention_reference(&built.shape, &at, &built.q).unwrap();
+        let tol = tolerance(DType::F32).scaled_to(&want);
+        backends.for_each(|backend| match backend {
+            Backend::Cpu(isa) => {
+                let mut out = vec![f32::NAN; built.q.len()];
+                tree_attention(&built.shape, &at, &built.q, &mut out).unwrap();
+                assert_close(&format!("tree {ti} {isa}"), &out, &want, tol);
             }
-        }
-        let pool = KvPool {
-            layout,
-            k: Buffer::F32(k),
-            v: Buffer::F32(v),
-        };
-        let nodes: Vec<usize> = (0..n).rev().collect();
-        let shape = TreeAttnShape {
-            q_heads,
-            kv_heads,
-            head_dim: *head_dim,
-            scale: 0.2,
-            window: *window,
-            softcap: *softcap,
-        };
-        let at = TreeContext {
-            pool: &pool,
-            table: &table,
-            ctx: *ctx,
-            tree,
-            nodes: &nodes,
-        };
-        let q = normal_f32(&mut r, n * q_heads * head_dim, 1.0);
-        let want = tree_attention_reference(&shape, &at, &q).unwrap();
-        let mut out = f32_bytes(&vec![f32::NAN; q.len()]);
-        let tb = i32_bytes(&table.iter().map(|&b| b as i32).collect::<Vec<_>>());
-        let nb = i32_bytes(&nodes.iter().map(|&x| x as i32).collect::<Vec<_>>());
-        let db = i32_bytes(&depths(&at).unwrap());
-        let (w, cap) = device_options(*window, *softcap, ctx + n).unwrap();
-        let i = |v: usize| Arg::I32(v as i32);
-        m.launch(
-            "tree_attention_f32",
-            plan_tree_attention(&shape, n).unwrap(),
-            &mut [
-                Arg::In(&f32_bytes(&q)),
-                Arg::In(&buffer_bytes(&pool.k)),
-                Arg::In(&buffer_bytes(&pool.v)),
-                Arg::In(&tb),
-                Arg::In(&mask_bytes(&at)),
-                Arg::In(&nb),
-                Arg::In(&db),
-                Arg::Out(&mut out),
-                i(n),
-                i(n),
-                i(*ctx),
-                i(q_heads),
-                i(kv_heads),
-                i(*head_dim),
-                i(*bs),
-                Arg::F32(0.2),
-                Arg::I32(w),
-                Arg::F32(cap),
-            ],
-        )
-        .unwrap();
-        assert_close(
-            &format!("tree {ti}"),
-            &f32_from_bytes(&out),
-            &want,
-            tolerance(DType::F32).scaled_to(&want),
-        );
+            Backend::Emulator(m) => {
+                let got = emulated(m, case, &built);
+                assert_close(&format!("tree {ti} cuda"), &got, &want, tol);
+            }
+        });
     }
+}
+
+/// The CUDA tree attention launched on the emulator as the host plans it, into a
+/// NaN-poisoned output.
+fn emulated(m: &EmuModule, case: &Case, built: &Built) -> Vec<f32> {
+    let at = built.context(case);
+    let (n, shape) = (case.tree.len(), &built.shape);
+    let mut out = f32_bytes(&vec![f32::NAN; built.q.len()]);
+    let tb = i32_bytes(&built.table.iter().map(|&b| b as i32).collect::<Vec<_>>());
+    let nb = i32_bytes(&built.nodes.iter().map(|&x| x as i32).collect::<Vec<_>>());
+    let db = i32_bytes(&depths(&at).unwrap());
+    let (w, cap) = device_options(case.window, case.softcap, case.ctx + n).unwrap();
+    let i = |v: usize| Arg::I32(v as i32);
+    m.launch(
+        "tree_attention_f32",
+        plan_tree_attention(shape, built.nodes.len()).unwrap(),
+        &mut [
+            Arg::In(&f32_bytes(&built.q)),
+            Arg::In(&buffer_bytes(&built.pool.k)),
+            Arg::In(&buffer_bytes(&built.pool.v)),
+            Arg::In(&tb),
+            Arg::In(&mask_bytes(&at)),
+            Arg::In(&nb),
+            Arg::In(&db),
+            Arg::Out(&mut out),
+            i(built.nodes.len()),
+            i(n),
+            i(case.ctx),
+            i(shape.q_heads),
+            i(shape.kv_heads),
+            i(shape.head_dim),
+            i(case.block_size),
+            Arg::F32(shape.scale),
+            Arg::I32(w),
+            Arg::F32(cap),
+        ],
+    )
+    .unwrap();
+    f32_from_bytes(&out)
 }
 
 #[test]

@@ -10,13 +10,11 @@
 
 use crate::checking::Ctx;
 use crate::error::Result;
-use kernel_attention::shape::{options_label, window_start};
-use kernel_common::inputs::{derive_seed, normal_buffer, normal_f32, rng};
-use kernel_common::{tolerance, Buffer, DType, ErrorStats};
-use kernel_paged::{KvPool, PoolLayout};
+use kernel_attention::shape::options_label;
+use kernel_common::inputs::derive_seed;
+use kernel_common::{tolerance, DType, ErrorStats};
 use kernel_speculative::cases::cases;
-use kernel_speculative::{tree_attention_reference, TreeAttnShape, TreeContext};
-use rand::seq::SliceRandom;
+use kernel_speculative::tree_attention_reference;
 
 /// Runs the spec cases; rows go through `ctx` like every family's.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
@@ -33,63 +31,14 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
     .collect::<Result<Vec<_>>>()?;
     for (i, c) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x5EC, i as u64);
-        let mut r = rng(seed);
         let n = c.tree.len();
-        let used = (c.ctx + n).div_ceil(c.block_size);
-        let layout = PoolLayout {
-            num_blocks: used + 2,
-            block_size: c.block_size,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-        };
-        let elems = layout.num_blocks * layout.block_elems();
-        let (mut k, mut v) = (
-            normal_f32(&mut r, elems, 1.0),
-            normal_f32(&mut r, elems, 1.0),
-        );
-        let mut table: Vec<u32> = (0..layout.num_blocks as u32).collect();
-        table.shuffle(&mut r);
-        let nodes: Vec<usize> = if c.late_half {
-            (n / 2..n).collect()
-        } else {
-            (0..n).collect()
-        };
-        // NaN in the context no query sees: before the shallowest query's window.
-        let shallowest = nodes.iter().map(|&i| c.tree.depth(i)).min().unwrap_or(0);
-        let first = window_start(c.ctx + shallowest + 1, c.window).min(c.ctx);
-        for pos in 0..first {
-            for h in 0..c.kv_heads {
-                let at = layout.position_offset(&table, h, pos);
-                k[at..at + c.head_dim].fill(f32::NAN);
-                v[at..at + c.head_dim].fill(f32::NAN);
-            }
-        }
-        let pool = KvPool {
-            layout,
-            k: Buffer::F32(k),
-            v: Buffer::F32(v),
-        };
-        let shape = TreeAttnShape {
-            q_heads: c.q_heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            window: c.window,
-            softcap: c.softcap,
-        };
-        let at = TreeContext {
-            pool: &pool,
-            table: &table,
-            ctx: c.ctx,
-            tree: &c.tree,
-            nodes: &nodes,
-        };
-        let q = normal_buffer(&mut r, DType::F32, nodes.len() * c.q_heads * c.head_dim).to_f32();
-        let want = tree_attention_reference(&shape, &at, &q)?;
+        let built = c.build(seed);
+        let (shape, q, at) = (built.shape, &built.q, built.context(c));
+        let want = tree_attention_reference(&shape, &at, q)?;
         let outcomes: Vec<_> = kernels
             .iter()
             .map(|(name, kernel)| {
-                let outcome = kernel(&shape, &at, &q)
+                let outcome = kernel(&shape, &at, q)
                     .map(|out| ErrorStats::compare(&out, &want))
                     .map_err(|e| e.to_string());
                 (name.clone(), outcome)
