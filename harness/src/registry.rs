@@ -46,11 +46,6 @@ pub fn moe_variant(spec: &str) -> Result<(String, kernel_moe::ExpertVariant)> {
     built("moe", spec, &[kernel_moe::VARIANTS])
 }
 
-/// The tree-attention kernel for `spec` (`tree`, `cuda_tree`).
-pub fn tree_kernel(spec: &str) -> Result<(String, kernel_speculative::TreeKernel)> {
-    built("speculative", spec, &[kernel_speculative::VARIANTS])
-}
-
 /// `spec` built by the row of `tables` with its name; an unknown name lists the CPU rows.
 fn built<K: 'static>(family: &str, spec: &str, tables: &[&[Variant<K>]]) -> Result<(String, K)> {
     let parsed = VariantSpec::parse(spec)?;
@@ -81,6 +76,19 @@ pub fn check_specs<K: 'static>(
     draw: &mut dyn rand::RngCore,
 ) -> Vec<String> {
     kernel_common::check_specs(tables, runs(device), case, draw)
+}
+
+/// The variants `check` runs of tables whose rows draw no parameters (quant, moe,
+/// speculative): every row of `device` as its check specs, each built by its row.
+pub fn case_free_variants<K: 'static>(
+    family: &str,
+    tables: &[&[Variant<K>]],
+    device: Device,
+) -> Result<Vec<(String, K)>> {
+    kernel_common::case_free_check_specs(tables, runs(device))
+        .iter()
+        .map(|spec| built(family, spec, tables))
+        .collect()
 }
 
 /// What runs on `device`: CUDA rows on a CUDA device, the others on the CPU.

@@ -27,4 +27,4 @@ pub use dtype::{Buffer, DType, Element};
 pub use error::KernelError;
 pub use metrics::{tolerance, ErrorStats, Tolerance};
 pub use variant::{Runs, VariantInfo, VariantSpec};
-pub use variant_table::{build_from, check_specs, CheckSpecs, Variant};
+pub use variant_table::{build_from, case_free_check_specs, check_specs, CheckSpecs, Variant};

@@ -5,7 +5,7 @@
 //! check lists and `harness list` all read these rows (llama.cpp's `test-backend-ops` keeps
 //! its ops the same way, one table the tests walk).
 
-use crate::error::{KernelError, Result};
+use crate::error::Result;
 use crate::variant::{Runs, VariantInfo, VariantSpec};
 use rand::RngCore;
 
@@ -46,7 +46,7 @@ impl<K: 'static> Variant<K> {
         }
     }
 
-    /// A CUDA variant (`--device cuda`).
+    /// A CUDA variant (`--device cuda`): a CPU row's fields on the other device.
     pub const fn cuda(
         name: &'static str,
         about: &'static str,
@@ -54,11 +54,8 @@ impl<K: 'static> Variant<K> {
         checks: CheckSpecs,
     ) -> Variant<K> {
         Variant {
-            name,
             device: Runs::Cuda,
-            about,
-            build,
-            checks,
+            ..Variant::cpu(name, about, build, checks)
         }
     }
 
@@ -110,15 +107,8 @@ pub fn check_specs<K: 'static>(
         .collect()
 }
 
-/// The error for a spec no row names (the rows of `device` listed).
-pub fn unknown<K: 'static>(family: &str, name: &str, tables: &[&[Variant<K>]]) -> KernelError {
-    let known: Vec<&str> = tables
-        .iter()
-        .flat_map(|t| t.iter())
-        .map(|v| v.name)
-        .collect();
-    KernelError::Unsupported(format!(
-        "unknown {family} variant '{name}' (known: {})",
-        known.join(", ")
-    ))
+/// The check specs of tables whose rows draw no parameters (the same on every case: quant's
+/// products at every tier, moe's and speculative's bare names).
+pub fn case_free_check_specs<K: 'static>(tables: &[&[Variant<K>]], device: Runs) -> Vec<String> {
+    check_specs(tables, device, 0, &mut rand::rngs::mock::StepRng::new(0, 0))
 }

@@ -6,7 +6,7 @@
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
 use kernel_common::inputs::{derive_seed, normal_f32, rng};
-use kernel_common::{check_specs, tolerance, DType, Runs, VariantSpec};
+use kernel_common::{case_free_check_specs, tolerance, DType, Runs, VariantSpec};
 use kernel_cuda::buffer::{f32_bytes, f32_from_bytes};
 use kernel_quant::cases::{device, Case};
 use kernel_quant::cuda::{gemv_entry, plan_gemv};
@@ -21,8 +21,7 @@ fn quant_gemv_matches_the_dequantised_reference() {
     // check specs: the fused and packed products at every tier) at every ISA tier, then the
     // CUDA GEMV on the emulator.
     let backends = Backends::with_emulator(&kernel_quant::cuda::SOURCE);
-    let mut none = rand::rngs::mock::StepRng::new(0, 0);
-    let specs = check_specs(&[kernel_quant::VARIANTS], Runs::Cpu, 0, &mut none);
+    let specs = case_free_check_specs(&[kernel_quant::VARIANTS], Runs::Cpu);
     for (i, case) in device().iter().enumerate() {
         let seed = derive_seed(i as u64, case.rows as u64);
         let q =

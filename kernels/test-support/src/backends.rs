@@ -35,11 +35,6 @@ impl Backends {
         }
     }
 
-    /// Whether the emulator is among them.
-    pub fn has_emulator(&self) -> bool {
-        self.emulator.is_some()
-    }
-
     /// Runs `f` once per backend: every runnable tier (under it), then the emulator.
     pub fn for_each(&self, mut f: impl FnMut(Backend<'_>)) {
         for isa in kernel_cpu::isa::runnable() {

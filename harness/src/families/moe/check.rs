@@ -18,12 +18,8 @@ use kernel_moe::{experts_forward, route, route_reference};
 pub fn check_cpu(ctx: &mut Ctx) -> Result<()> {
     // The CPU rows of the moe table, as their check specs (the CUDA stage kernels are
     // `check_cuda`'s).
-    let mut none = rand::rngs::mock::StepRng::new(0, 0);
     let variants =
-        crate::registry::check_specs(&[kernel_moe::VARIANTS], ctx.opts.device, 0, &mut none)
-            .iter()
-            .map(|spec| crate::registry::moe_variant(spec))
-            .collect::<Result<Vec<_>>>()?;
+        crate::registry::case_free_variants("moe", &[kernel_moe::VARIANTS], ctx.opts.device)?;
     for (i, case) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let c = &case.cfg;
         let seed = derive_seed(ctx.opts.seed ^ 0x30E, i as u64);

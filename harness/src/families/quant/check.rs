@@ -11,21 +11,14 @@ use crate::registry;
 use kernel_common::inputs::{derive_seed, normal_f32, rng};
 use kernel_common::{tolerance, DType, ErrorStats};
 use kernel_quant::cases::cases;
-use kernel_quant::{matmul, reference, supports, MatVecVariant, QuantMatrix};
-
-/// The variants checked: every row of the quant table that runs on `device`, as its check
-/// specs (the fused and packed products at every tier this run allows).
-fn variants(device: kernel_common::Device) -> Result<Vec<(String, MatVecVariant)>> {
-    let mut none = rand::rngs::mock::StepRng::new(0, 0);
-    registry::check_specs(&[kernel_quant::VARIANTS], device, 0, &mut none)
-        .iter()
-        .map(|spec| registry::quant_variant(spec))
-        .collect()
-}
+use kernel_quant::{matmul, reference, supports, QuantMatrix};
 
 /// Runs the quant cases; rows go through `ctx` like every family's.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
-    let variants = variants(ctx.opts.device)?;
+    // Every row of the quant table for this device, as its check specs (the fused and
+    // packed products at every tier this run allows).
+    let variants =
+        registry::case_free_variants("quant", &[kernel_quant::VARIANTS], ctx.opts.device)?;
     for (i, case) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x0AA7, i as u64);
         let w = case.weights(seed);

@@ -19,16 +19,11 @@ use kernel_speculative::tree_attention_reference;
 /// Runs the spec cases; rows go through `ctx` like every family's.
 pub fn check(ctx: &mut Ctx) -> Result<()> {
     // The rows of the spec table that run on this device, as their check specs.
-    let mut none = rand::rngs::mock::StepRng::new(0, 0);
-    let kernels = crate::registry::check_specs(
+    let kernels = crate::registry::case_free_variants(
+        "speculative",
         &[kernel_speculative::VARIANTS],
         ctx.opts.device,
-        0,
-        &mut none,
-    )
-    .iter()
-    .map(|spec| crate::registry::tree_kernel(spec))
-    .collect::<Result<Vec<_>>>()?;
+    )?;
     for (i, c) in cases(ctx.opts.cases, ctx.opts.seed).iter().enumerate() {
         let seed = derive_seed(ctx.opts.seed ^ 0x5EC, i as u64);
         let n = c.tree.len();
