@@ -348,6 +348,14 @@ fn bad_pipeline_experiments_write_nothing() {
         "bogus",
     );
     s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "verify_tokens=2,4"]),
+        "verify_tokens must include 1",
+    );
+    s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "verify_tokens=1,9999"]),
+        "verify_tokens",
+    );
+    s.expect_usage_error(
         &quick(&["kv_alloc", "--set", "budget_tokens=1500"]),
         "budget",
     );
@@ -685,6 +693,56 @@ fn tiny_kv_precision_experiment_writes_rows_and_plots() {
     let md = fs::read_to_string(csv_path.with_extension("md")).unwrap();
     assert!(
         md.contains("## Quality: tiny-gqa on gpl3") && md.contains("## Paged decode b2:h4/2"),
+        "{md}"
+    );
+}
+
+#[test]
+fn verify_cost_rows_count_a_k_token_step_in_one_token_steps() {
+    let s = Setup::new("verify_cost");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    fs::copy(
+        repo.join("verify_cost.toml"),
+        s.exps.join("verify_cost.toml"),
+    )
+    .unwrap();
+    let out = s.run(&["exp", "verify_cost", "--quick", "--threads", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let csv_path = files_with_ext(&s.results.join("verify_cost"), "csv").remove(0);
+    let mut reader = csv::Reader::from_path(&csv_path).unwrap();
+    let headers = reader.headers().unwrap().clone();
+    let col = |name: &str| column(&headers, name);
+    let (phase, k, status, cost, roof, err) = (
+        col("phase"),
+        col("step_tokens"),
+        col("status"),
+        col("cost_steps"),
+        col("roofline_steps"),
+        col("rel_err_vs_batch1"),
+    );
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    let verify: Vec<&csv::StringRecord> = rows.iter().filter(|r| &r[phase] == "verify").collect();
+    // The quick grid's k = 1, 2, 4, 8, each checked against one token at a time.
+    let ks: Vec<usize> = verify.iter().map(|r| r[k].parse().unwrap()).collect();
+    assert_eq!(ks, [1, 2, 4, 8], "{rows:?}");
+    let mut last_roof = 0.0;
+    for r in &verify {
+        assert_eq!(&r[status], "ok", "{r:?}");
+        let (c, p): (f64, f64) = (r[cost].parse().unwrap(), r[roof].parse().unwrap());
+        assert!(c.is_finite() && c > 0.0, "{r:?}");
+        // The roofline's cost starts at 1 and never falls as k grows.
+        assert!(p >= last_roof && p >= 1.0, "{r:?}");
+        last_roof = p;
+        if &r[k] == "1" {
+            assert_eq!(c, 1.0, "{r:?}");
+            assert!(r[err].is_empty(), "{r:?}");
+        } else {
+            assert!(r[err].parse::<f64>().unwrap() < 1e-3, "{r:?}");
+        }
+    }
+    let md = fs::read_to_string(csv_path.with_extension("md")).unwrap();
+    assert!(
+        md.contains("## A k-token step of one sequence in 1-token steps"),
         "{md}"
     );
 }

@@ -335,6 +335,7 @@ pub fn method(results: &Path) -> Result<String> {
          | column | experiments | definition |\n|---|---|---|\n\
          | `pct_roofline` | attention (naive_vs_flash2, flash_vs_paged, speed_bars) | 100 × max(bytes / read bandwidth, FLOPs / FMA peak) / time; `bound` says which term is larger |\n\
          | `pct_of_roofline` | decode_roofline | 100 × (weight bytes + K/V bytes) / read bandwidth / time: bytes only — a decode step's FLOPs are not in it, so a step limited by compute or by serial work shows a low value, not a compute-bound one |\n\
+         | `roofline_steps` | verify_cost (decode family, phase verify) | max(bytes / read bandwidth, k × FLOPs / FMA peak) of a k-token step over the same at k = 1, beside the measured `cost_steps` (the step's median over the 1-token step's) |\n\
          | `pct_read_bw` | quant_tradeoff, isa_gemv, quant_activation, kv_precision | 100 × bytes / time / read bandwidth |\n\
          | `gbps`, `effective_gbs`, `bandwidth_gbs` | all timed families | bytes the variant must move / time |\n\n\
          The best values seen per machine are kept in `results/roofline/` (listed in \

@@ -115,8 +115,7 @@ fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
         // chunk is NaN: the `>` max skips a NaN and the cast sends it to code 0, which would
         // otherwise drop it silently.
         let finite = v.iter().fold(true, |f, a| f & a.is_finite());
-        let scale = if finite { amax / 127.0 } else { f32::NAN };
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let (scale, inv) = chunk_scale(amax, finite);
         let mut q = [0i32; 32];
         for (o, a) in q.iter_mut().zip(v) {
             *o = (a * inv).round() as i32;
@@ -147,14 +146,33 @@ pub fn quantize_natural(x: &[f32]) -> Q8Activation {
     act
 }
 
+/// The scale of a 32-value chunk whose largest magnitude is `amax`, and its inverse: max|x| / 127
+/// (NaN when the chunk holds a NaN or ±Inf, with inverse 0, so every code is 0 and the NaN
+/// reaches the output through the scale). A chunk so small that 1 / scale overflows
+/// (max|x| < 127 / f32::MAX ≈ 3.7e-37) gets scale 0 and inverse 0, as an all-zero chunk does:
+/// an infinite inverse would send every code to the i32 saturation value (-1 as an i8) and
+/// overflow the chunk's code sum. Its products are then 0, where the f32 ones are below
+/// 3.7e-37 · Σ|w|.
+fn chunk_scale(amax: f32, finite: bool) -> (f32, f32) {
+    if !finite {
+        return (f32::NAN, 0.0);
+    }
+    let scale = amax / 127.0;
+    let inv = 1.0 / scale;
+    if scale > 0.0 && inv.is_finite() {
+        (scale, inv)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
 /// What the kernel multiplies instead of x: d·q per value, in natural order.
 pub fn activation_as_seen(x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     for chunk in x.chunks(32) {
         let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let finite = chunk.iter().all(|v| v.is_finite());
-        let scale = if finite { amax / 127.0 } else { f32::NAN };
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let (scale, inv) = chunk_scale(amax, finite);
         out.extend(
             chunk
                 .iter()
@@ -169,7 +187,8 @@ mod tests {
     use super::*;
     use crate::WeightFormat;
 
-    /// The scalar definition: max|x| / 127, `f32::round`.
+    /// The scalar definition: max|x| / 127, `f32::round`; a chunk whose inverse scale would
+    /// overflow is scale 0, codes 0 (written out here, not through `chunk_scale`).
     fn plain(x: &[f32], order: impl Fn(usize) -> usize) -> Q8Activation {
         let mut a = Q8Activation {
             q: vec![],
@@ -179,8 +198,12 @@ mod tests {
         };
         for chunk in x.chunks(32) {
             let amax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let (scale, inv) = (amax / 127.0, 1.0 / (amax / 127.0));
+            let (scale, inv) = if scale > 0.0 && inv.is_finite() {
+                (scale, inv)
+            } else {
+                (0.0, 0.0)
+            };
             let q: Vec<i8> = (0..32)
                 .map(|i| (chunk[order(i)] * inv).round() as i8)
                 .collect();
@@ -207,6 +230,10 @@ mod tests {
         x[64] = -0.0;
         x[65] = 3e38;
         x[96..128].fill(1e-30);
+        // Below 3.7e-37 the inverse scale overflows: scale 0, codes 0.
+        for i in 0..32 {
+            x[128 + i] = (i as f32 - 15.5) * 1e-39;
+        }
         for f in ["q4_1", "sym4g32", "q8_0"] {
             let plan = BlockPlan::for_format(WeightFormat::parse(f).unwrap()).unwrap();
             let want = if plan.bits == 4 && plan.interleaved {
@@ -219,6 +246,11 @@ mod tests {
                     kernel_cpu::isa::with_isa(isa, || quantize_activation(&plan, &x)).unwrap();
                 assert_eq!(got, want, "{f} at {isa}");
             }
+            assert_eq!(want.d[4], 0.0, "{f}: the near-zero chunk's scale");
+            assert!(want.q[128..160].iter().all(|&c| c == 0), "{f}: its codes");
+            assert_eq!(want.qsum[4], 0, "{f}: its code sum");
         }
+        let seen = activation_as_seen(&x);
+        assert!(seen[128..160].iter().all(|&v| v == 0.0));
     }
 }

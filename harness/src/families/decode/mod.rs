@@ -3,7 +3,10 @@
 //! once plus each sequence's K/V, so it takes at least (weight bytes + KV bytes) / the read
 //! bandwidth measured at the start of the run — and the time of one long prompt (prefill,
 //! the time to first token). Each batched step is checked against batch-1 logits of the same
-//! sequence.
+//! sequence. With `verify_tokens`, also the k-token forward step of one sequence (a
+//! speculative verification pass, all k logits) against the 1-token step: its cost in decode
+//! steps beside the roofline's prediction (experiment verify_cost), each checked against the
+//! same tokens decoded one at a time.
 
 use crate::error::{HarnessError, Result};
 use crate::family::{listed, one_of, ExpFamily, Family};
@@ -70,6 +73,10 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     (
         "prefill_tokens",
         "prompt length of the prefill (time to first token) row",
+    ),
+    (
+        "verify_tokens",
+        "tokens k of one sequence's multi-token step after the context (a verification pass); 1 must be among them: the others' cost is counted in its time",
     ),
 ];
 
@@ -147,6 +154,52 @@ fn decode_times(
     Ok((Timing { samples }, err))
 }
 
+/// Times `reps` k-token forward steps of one sequence after a `context`-token prompt (every
+/// token's logits, as a verification pass asks), rewriting the same positions each time, and
+/// returns max |Δ| / max |logit| of those logits against the same tokens decoded one at a
+/// time (for k > 1).
+fn verify_times(m: &Llama, context: usize, k: usize, reps: usize) -> Result<(Timing, Option<f64>)> {
+    let bs = 16;
+    let blocks = (context + k).div_ceil(bs);
+    let mut kv = KvPools::new(m, blocks, bs)?;
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let ids = prompt(0, context + k, m.cfg.vocab);
+    let chunk = |tokens, start, all_logits| SeqChunk {
+        tokens,
+        start,
+        table: &table,
+        all_logits,
+        tree: None,
+    };
+    m.forward(&mut kv, &[chunk(&ids[..context], 0, false)])?;
+    let step = chunk(&ids[context..], context, true);
+    let (mut samples, mut logits) = (vec![], vec![]);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        logits = m.forward(&mut kv, &[step])?.swap_remove(0);
+        samples.push(t0.elapsed().as_secs_f64());
+    }
+    let err = if k > 1 {
+        let mut s = Session::new(m, context + k, bs)?;
+        s.forward(&ids[..context])?;
+        let mut worst = 0.0f64;
+        for (i, &t) in ids[context..].iter().enumerate() {
+            let r = s.forward(&[t])?;
+            let got = &logits[i * m.cfg.vocab..(i + 1) * m.cfg.vocab];
+            let scale = r.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = r
+                .iter()
+                .zip(got)
+                .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+            worst = worst.max((d / scale) as f64);
+        }
+        Some(worst)
+    } else {
+        None
+    };
+    Ok((Timing { samples }, err))
+}
+
 /// Runs a decode experiment.
 pub fn run(req: &ExpRequest) -> Result<i32> {
     let (opts, spec, spec_path, grid) = (req.opts, req.spec, req.spec_path, req.grid.clone());
@@ -162,6 +215,19 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let context = g.one("context", "64", "a positive integer", |n: usize| n > 0)?;
     let steps = g.one("steps", "16", "a positive integer", |n: usize| n > 0)?;
     let prefill = g.parsed("prefill_tokens", &["512"], "a token count", |_: usize| true)?;
+    let mut verify = g.parsed(
+        "verify_tokens",
+        &[],
+        "a positive token count",
+        |n: usize| n > 0,
+    )?;
+    verify.sort_unstable();
+    verify.dedup();
+    if !verify.is_empty() && verify[0] != 1 {
+        return Err(HarnessError::Usage(
+            "verify_tokens must include 1: the other steps' cost is counted in its time".into(),
+        ));
+    }
     let paths = model_names
         .iter()
         .map(|m| resolve_model(m))
@@ -172,6 +238,12 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         if let Some(p) = prefill.iter().find(|&&p| p == 0 || p > cfg.context) {
             return Err(HarnessError::Usage(format!(
                 "prefill_tokens {p} is outside 1..={} ({name}'s context)",
+                cfg.context
+            )));
+        }
+        if let Some(k) = verify.last().filter(|&&k| context + k > cfg.context) {
+            return Err(HarnessError::Usage(format!(
+                "context {context} + verify_tokens {k} exceed {name}'s context of {}",
                 cfg.context
             )));
         }
@@ -191,8 +263,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let mut peers = DecodePeers::start(req, &run.run_id)?;
-    let bw = run.roof.read_gbps;
-    let points = batches.len() + prefill.len();
+    let (bw, fma) = (run.roof.read_gbps, run.roof.fma_gflops);
+    let points = batches.len() + prefill.len() + verify.len();
     let native = weights.iter().filter(|w| *w == "native").count();
     let peer_rows = peers.len() * model_names.len() * native * points;
     let bar =
@@ -241,6 +313,13 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 context: p,
                 tokens: p,
                 kv_bytes: kv_token * p as f64,
+            };
+            let verify_phase = |k: usize| Phase {
+                name: "verify",
+                batch: 1,
+                context,
+                tokens: k,
+                kv_bytes: kv_token * (context + k) as f64,
             };
             // The peers run the file as shipped: they serve the native weights only.
             let mut slots = if w == "native" {
@@ -312,6 +391,33 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     rows.push(row);
                     bar.inc(1);
                 }
+                // The roofline's time of a step: its bytes at the read bandwidth or its FLOPs
+                // at the f32 FMA peak, whichever is longer.
+                let roof_s = |p: &Phase| {
+                    let bytes = (ctx.wbytes + p.kv_bytes) / (bw * 1e9);
+                    bytes.max(ctx.flops_token * p.tokens as f64 / (fma * 1e9))
+                };
+                let mut one_step = None;
+                for &k in &verify {
+                    bar.set_message(format!("{name} {w}: verify {k} tokens"));
+                    let phase = verify_phase(k);
+                    if let Some(note) = ctx.over_budget(&phase, m.cfg.vocab, &opts.mem_budget) {
+                        rows.push(ctx.skipped("model", mname, &phase, note));
+                        bar.inc(1);
+                        continue;
+                    }
+                    let (t, err) = verify_times(m, context, k, steps)?;
+                    let med = t.median();
+                    if k == 1 {
+                        one_step = Some(med);
+                    }
+                    let mut row = ctx.row("model", mname, &phase, &t, err);
+                    row.cols.cost_steps = one_step.map(|s| med / s);
+                    row.cols.roofline_steps = Some(roof_s(&phase) / roof_s(&verify_phase(1)));
+                    failures += usize::from(row.head.status == "fail");
+                    rows.push(row);
+                    bar.inc(1);
+                }
             }
             if w == "native" {
                 let ctx = ctx_for(&m);
@@ -350,7 +456,7 @@ pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Re
 pub fn tables(spec: &ExperimentSpec, rows: &[DecodeRow]) -> String {
     let measured = |r: &&DecodeRow| r.head.status == "ok" || r.head.status == "fail";
     let mut md = String::from("## Decode and prefill against the bandwidth roofline\n\n| model | weights | matmul | phase | batch | context | weight MB | median ms | tokens/s | roofline ms | % of roofline | effective GB/s | rel err vs batch 1 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for r in rows.iter().filter(measured) {
+    for r in rows.iter().filter(measured).filter(|r| r.phase != "verify") {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1}% | {:.1} | {} |",
@@ -370,6 +476,7 @@ pub fn tables(spec: &ExperimentSpec, rows: &[DecodeRow]) -> String {
         );
     }
     md.push('\n');
+    md.push_str(&verify_table(rows));
     if let Some(peer) = &spec.report.peer {
         md.push_str(&against_peer(rows, peer));
     }
@@ -392,6 +499,39 @@ pub fn tables(spec: &ExperimentSpec, rows: &[DecodeRow]) -> String {
         }
         md.push('\n');
     }
+    md
+}
+
+/// The verify rows: a k-token step's cost in 1-token steps, measured and as the roofline
+/// predicts it.
+fn verify_table(rows: &[DecodeRow]) -> String {
+    let verify: Vec<&DecodeRow> = rows
+        .iter()
+        .filter(|r| r.phase == "verify" && r.head.status != "skipped")
+        .collect();
+    if verify.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("## A k-token step of one sequence in 1-token steps (verification cost)\n\nThe median of a k-token forward step (all k logits) over the 1-token step's, same model, weights and product; beside it the roofline's: max(bytes / read bandwidth, k × FLOPs / f32 FMA peak) over the same at k = 1. A speculative pass of k tokens wins when it accepts more than its cost in tokens.\n\n| model | weights | matmul | context | k | median ms | p10–p90 ms | cost (1-token steps) | roofline's cost | rel err vs one at a time |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let f2 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
+    for r in verify {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2}–{:.2} | {} | {} | {} |",
+            r.model,
+            r.weights,
+            r.matmul,
+            r.context,
+            r.step_tokens.unwrap_or(0),
+            r.head.median_ms.unwrap_or(f64::NAN),
+            r.head.p10_ms.unwrap_or(f64::NAN),
+            r.head.p90_ms.unwrap_or(f64::NAN),
+            f2(r.cost_steps),
+            f2(r.roofline_steps),
+            crate::render::fmt_err(r.rel_err_vs_batch1)
+        );
+    }
+    md.push('\n');
     md
 }
 

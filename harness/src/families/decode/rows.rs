@@ -30,8 +30,22 @@ pub struct DecodeCols {
     /// (weight + KV bytes) / measured time.
     pub effective_gbs: f64,
     pub gflops: f64,
-    /// max |Δ| / max |logit| of sequence 0 against a batch-1 session (decode, batch > 1).
+    /// max |Δ| / max |logit| of sequence 0 against a batch-1 session (decode, batch > 1), or
+    /// of a verify step's k logits against the same tokens decoded one at a time.
     pub rel_err_vs_batch1: Option<f64>,
+    /// Tokens one timed step runs: decode the batch (one each), prefill the prompt, verify k
+    /// tokens of one sequence. (Absent from runs before verify_cost.)
+    #[serde(default)]
+    pub step_tokens: Option<usize>,
+    /// verify: this step's median over the 1-token step's of the same point, model, weights
+    /// and product: its cost in decode steps.
+    #[serde(default)]
+    pub cost_steps: Option<f64>,
+    /// verify: the roofline's cost in decode steps, max(bytes / read bandwidth, k × FLOPs /
+    /// f32 FMA peak) over the same at k = 1 (the run's own roofline; int8 products multiply
+    /// more per instruction than f32 FMAs, so for them it is an upper bound).
+    #[serde(default)]
+    pub roofline_steps: Option<f64>,
 }
 
 /// A row: the shared head, these columns, the note.
@@ -99,6 +113,7 @@ impl RowCtx<'_> {
             weight_mb: self.wbytes / 1e6,
             kv_mb: phase.kv_bytes / 1e6,
             bandwidth_gbs: self.bw,
+            step_tokens: Some(phase.tokens),
             ..DecodeCols::default()
         }
     }
