@@ -11,8 +11,12 @@
 /// CUDA dequantising GEMV (`quant.cu`).
 pub mod cuda;
 
+/// A pass's int8 activations interleaved by block, as the packed tile kernels read them.
+pub(crate) mod act_group;
 /// The int8 activation of llama.cpp's path (quantise, permute, per-chunk sums).
 pub mod act_q8;
+/// The AVX-512 and AVX2 loops of `act_q8`'s quantiser (bit-identical to its definition).
+pub(crate) mod act_q8_simd;
 /// The Q8_K activation of the Q4_K packed product.
 pub mod act_q8k;
 /// AVX2 (x86-64-v3) in-register decode + dot kernels.

@@ -47,6 +47,7 @@
 //! AVX2 lane accumulates 8 steps of `vpmaddubsw` in i16 before widening: Q4 codes ≤ 15 and
 //! |q| ≤ 127 keep the sum ≤ 8 · 2 · 15 · 127 = 30480, inside i16 (Q8_0 widens every step).
 
+use crate::act_group::ActGroup;
 use crate::act_q8::{self, Q8Activation};
 use crate::format::WeightFormat;
 use crate::matrix::{decode_block, QuantMatrix};
@@ -60,8 +61,19 @@ use kernel_cpu::{team, Isa};
 
 /// Tiles per thread task.
 const TASK_TILES: usize = 2;
-/// Activations per pass over a tile (batch ≥ 2).
-const PASS: usize = 4;
+/// Most activations per pass over a tile (batch ≥ 2): `pass` says how many a tier takes.
+const PASS: usize = 8;
+
+/// Activations per pass over a tile of `format` at `isa`: 8 for the 32-value formats with
+/// AVX-512 VNNI (32 zmm registers hold 8 accumulators, the block's 8 code vectors and the
+/// sums), 4 elsewhere (AVX2's 16 ymm registers; the K-quant kernels).
+fn pass(format: WeightFormat, isa: Isa) -> usize {
+    if isa.has_avx512_vnni() && block_values(format) == BLOCK {
+        8
+    } else {
+        4
+    }
+}
 
 /// A weight matrix in Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K laid out as 16-row tiles.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,9 +219,47 @@ impl PackedMatrix {
 /// values in natural order (the tiles absorb the code order), with d, d·Σq and Σq per block.
 /// A prefill-sized batch is quantised in parallel, rows split over the team (serial, this was
 /// 6% of a 512-token SmolLM2 prefill with the other thread idle).
-fn quantize_rows(x: &[f32], cols: usize, isa: Isa) -> Vec<Q8Activation> {
+/// The rows go into `acts`' buffers (kept from call to call by `with_act_buffers`).
+fn quantize_rows(x: &[f32], cols: usize, isa: Isa, acts: &mut Vec<Q8Activation>) {
     let plan = BlockPlan::for_format(WeightFormat::Q8_0).expect("q8_0 has a plan");
-    in_parallel(x, cols, |r| act_q8::quantize_activation_at(&plan, r, isa))
+    let rows = x.len() / cols;
+    acts.resize_with(rows, Q8Activation::empty);
+    let quantize = |r: usize, act: &mut Q8Activation| {
+        act_q8::quantize_activation_into(&plan, &x[r * cols..(r + 1) * cols], isa, act)
+    };
+    if rows < QUANTIZE_PARALLEL_ROWS {
+        acts.iter_mut()
+            .enumerate()
+            .for_each(|(r, a)| quantize(r, a));
+        return;
+    }
+    team::for_each_chunk_mut(acts, QUANTIZE_PARALLEL_ROWS, |t, part| {
+        for (i, a) in part.iter_mut().enumerate() {
+            quantize(t * QUANTIZE_PARALLEL_ROWS + i, a);
+        }
+    });
+}
+
+/// One call's Q8 activations: a row each, and the pass-sized groups the vector tiers read.
+#[derive(Default)]
+struct ActBuffers {
+    rows: Vec<Q8Activation>,
+    groups: Vec<ActGroup>,
+}
+
+thread_local! {
+    /// The activation buffers of this thread's last `matmul` (a decode step's ~200 products
+    /// reuse them instead of allocating four vectors per row).
+    static ACT_BUFFERS: std::cell::RefCell<ActBuffers> = std::cell::RefCell::new(ActBuffers::default());
+}
+
+/// `f` with this thread's activation buffers, or fresh ones where they are in use (a
+/// `matmul` inside a `matmul`'s task).
+fn with_act_buffers<R>(f: impl FnOnce(&mut ActBuffers) -> R) -> R {
+    ACT_BUFFERS.with(|b| match b.try_borrow_mut() {
+        Ok(mut mine) => f(&mut mine),
+        Err(_) => f(&mut ActBuffers::default()),
+    })
 }
 
 /// Rows per task of the parallel activation quantisation (and the batch from which it runs
@@ -232,23 +282,62 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
             y.len()
         )));
     }
-    let acts = if block_values(w.format) == SUPER {
-        Acts::Q8K(in_parallel(x, w.cols, crate::act_q8k::quantize))
+    if block_values(w.format) == SUPER {
+        let acts = Acts::Q8K(in_parallel(x, w.cols, crate::act_q8k::quantize));
+        run_tiles(w, &acts, batch, y, isa);
     } else {
-        Acts::Q8(quantize_rows(x, w.cols, isa))
-    };
+        with_act_buffers(|buf| {
+            quantize_rows(x, w.cols, isa, &mut buf.rows);
+            let groups = if isa.has_avx2() {
+                // The vector tiers read each pass's activations interleaved by block.
+                let pass = pass(w.format, isa);
+                let n = batch.div_ceil(pass);
+                if buf.groups.len() < n {
+                    buf.groups.resize_with(n, ActGroup::default);
+                }
+                for (g, rows) in buf.groups.iter_mut().zip(buf.rows.chunks(pass)) {
+                    g.fill(rows, w.blocks(), code_offset(w.format));
+                }
+                &buf.groups[..n]
+            } else {
+                &[]
+            };
+            run_tiles(w, &Acts::Q8(&buf.rows, groups), batch, y, isa)
+        });
+    }
+    Ok(())
+}
+
+/// The offset the tile kernels take off a 32-value format's codes: Q4_0's 8 and Q5_0's 16
+/// (stored unsigned), Q8_0's 128 (flipped to unsigned for the VNNI kernel; the AVX2 one
+/// multiplies signed codes and reads no offset), none for Q4_1 (its minimum is separate).
+fn code_offset(format: WeightFormat) -> i32 {
+    match format {
+        WeightFormat::Q4_0 => 8,
+        WeightFormat::Q5_0 => 16,
+        WeightFormat::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// Every tile against every activation, tiles split over the team.
+fn run_tiles(w: &PackedMatrix, acts: &Acts, batch: usize, y: &mut [f32], isa: Isa) {
     let tiles = w.tiles();
     let out = SharedOut(y.as_mut_ptr(), y.len());
     team::parallel_for(tiles.div_ceil(TASK_TILES), |task| {
         let out = &out;
         let mut tile_out = [[0.0f32; TILE]; PASS];
+        let pass = pass(w.format, isa);
         for t in task * TASK_TILES..((task + 1) * TASK_TILES).min(tiles) {
             let rows = TILE.min(w.rows - t * TILE);
-            for b0 in (0..batch).step_by(PASS) {
-                let end = (b0 + PASS).min(batch);
+            for b0 in (0..batch).step_by(pass) {
+                let end = (b0 + pass).min(batch);
                 let n = end - b0;
-                match &acts {
-                    Acts::Q8(a) => tile_dot(w, t, &a[b0..end], &mut tile_out, isa),
+                match acts {
+                    Acts::Q8(rows, groups) => {
+                        let group = groups.get(b0 / pass);
+                        tile_dot(w, t, &rows[b0..end], group, &mut tile_out, isa)
+                    }
                     Acts::Q8K(a) => {
                         let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
                         let (f, nb) = (w.format, w.blocks());
@@ -258,7 +347,9 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
                             scales,
                             nb,
                             &a[b0..end],
-                            &mut tile_out,
+                            (&mut tile_out[..4])
+                                .try_into()
+                                .expect("4 of the pass's rows"),
                             isa,
                         )
                     }
@@ -271,13 +362,12 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
             }
         }
     });
-    Ok(())
 }
 
-/// The quantised activations of one call: Q8_0-style per 32 values, or Q8_K for the K-quant
-/// tiles.
-enum Acts {
-    Q8(Vec<Q8Activation>),
+/// The quantised activations of one call: Q8_0-style per 32 values (a row each, and on the
+/// vector tiers each pass's rows as one `ActGroup`), or Q8_K for the K-quant tiles.
+enum Acts<'a> {
+    Q8(&'a [Q8Activation], &'a [ActGroup]),
     Q8K(Vec<crate::act_q8k::Q8KActivation>),
 }
 
@@ -312,16 +402,18 @@ impl SharedOut {
     }
 }
 
-/// out[b][r] = row 16t + r · activation b, for up to `PASS` activations.
+/// out[b][r] = row 16t + r · activation b, for up to `pass(format, isa)` activations (`group`:
+/// the same activations interleaved, which the vector tiers read).
 fn tile_dot(
     w: &PackedMatrix,
     t: usize,
     acts: &[Q8Activation],
+    group: Option<&ActGroup>,
     out: &mut [[f32; TILE]; PASS],
     isa: Isa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() {
+    if let (true, Some(group)) = (isa.has_avx2(), group) {
         let (codes, scales) = (w.codes(t, 0).as_ptr(), w.scales(t, 0).as_ptr());
         let nb = w.blocks();
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has its features; the
@@ -330,20 +422,36 @@ fn tile_dot(
         unsafe {
             macro_rules! go {
                 ($n:literal) => {{
-                    let a: [&Q8Activation; $n] = std::array::from_fn(|i| &acts[i]);
-                    let got = if isa.has_avx512_vnni() {
-                        crate::avx512::packed::tile_dot::<$n>(w.format, codes, scales, nb, a)
-                    } else {
-                        crate::avx2::packed::tile_dot::<$n>(w.format, codes, scales, nb, a)
-                    };
+                    let got =
+                        crate::avx512::packed::tile_dot::<$n>(w.format, codes, scales, nb, group);
                     out[..$n].copy_from_slice(&got);
                 }};
             }
-            match acts.len() {
-                1 => go!(1),
-                2 => go!(2),
-                3 => go!(3),
-                _ => go!(4),
+            macro_rules! go_avx2 {
+                ($n:literal) => {{
+                    let got =
+                        crate::avx2::packed::tile_dot::<$n>(w.format, codes, scales, nb, group);
+                    out[..$n].copy_from_slice(&got);
+                }};
+            }
+            if isa.has_avx512_vnni() {
+                match acts.len() {
+                    1 => go!(1),
+                    2 => go!(2),
+                    3 => go!(3),
+                    4 => go!(4),
+                    5 => go!(5),
+                    6 => go!(6),
+                    7 => go!(7),
+                    _ => go!(8),
+                }
+            } else {
+                match acts.len() {
+                    1 => go_avx2!(1),
+                    2 => go_avx2!(2),
+                    3 => go_avx2!(3),
+                    _ => go_avx2!(4),
+                }
             }
         }
         return;
@@ -378,6 +486,56 @@ mod tests {
             }
         })
         .unwrap();
+    }
+
+    #[test]
+    fn every_batch_from_1_to_64_matches_the_f64_product_at_every_tier() {
+        // Each pass size's tails (AVX-512 takes 8 activations a pass, AVX2 and portable 4),
+        // with a partial last tile; the f64 product of the decoded weights with the activation
+        // as the kernel sees it (d·q) is the reference.
+        let (rows, cols) = (40, 96);
+        for name in ["q4_0", "q4_1", "q5_0", "q8_0"] {
+            let f = WeightFormat::parse(name).unwrap();
+            let w = WeightDist::Outliers {
+                channels: 2,
+                scale: 8.0,
+            }
+            .sample(rows, cols, 7);
+            let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
+            let p = PackedMatrix::pack(&m).unwrap();
+            let mut dec = vec![0.0f32; rows * cols];
+            for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
+                m.decode_row_range(r, 0, row, &mut vec![]);
+            }
+            let x: Vec<f32> = WeightDist::Gaussian.sample(64, cols, 11);
+            let seen: Vec<f32> = x
+                .chunks(cols)
+                .flat_map(act_q8::activation_as_seen)
+                .collect();
+            for isa in kernel_cpu::isa::runnable() {
+                for batch in 1..=64 {
+                    let mut y = vec![f32::NAN; batch * rows];
+                    matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
+                    for b in 0..batch {
+                        for r in 0..rows {
+                            let (wr, xb) = (&dec[r * cols..][..cols], &seen[b * cols..][..cols]);
+                            let want: f64 =
+                                wr.iter().zip(xb).map(|(a, c)| *a as f64 * *c as f64).sum();
+                            let mag: f64 = wr
+                                .iter()
+                                .zip(xb)
+                                .map(|(a, c)| (*a as f64 * *c as f64).abs())
+                                .sum();
+                            let got = y[b * rows + r] as f64;
+                            assert!(
+                                (got - want).abs() <= 1e-5 * mag + 1e-30,
+                                "{name} {isa} batch {batch} [{b}][{r}]: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

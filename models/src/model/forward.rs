@@ -322,6 +322,10 @@ impl Llama {
         if let Some(cap) = cfg.blocks.final_softcap {
             softcap(&mut logits, cap);
         }
+        if let [_] = picked[..] {
+            // One chunk: its logits are the whole product (no copy of m × vocab values).
+            return Ok(vec![logits]);
+        }
         let mut out = vec![];
         let mut at = 0;
         for &(_, n) in &picked {

@@ -9,29 +9,27 @@
 //! overflow i16.
 
 #[cfg(target_arch = "x86_64")]
-use crate::act_q8::Q8Activation;
+use crate::act_group::ActGroup;
 #[cfg(target_arch = "x86_64")]
 use crate::format::WeightFormat;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 /// out[b][r] = row r of the tile whose `nblocks` tile-blocks have their codes at `codes` and
-/// their scales at `scales` (`crate::packed`) · activation b.
+/// their scales at `scales` (`crate::packed`) · activation b of `acts`.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `nblocks` tile-blocks of
 /// `format` (q4_0, q4_1, q5_0 or q8_0).
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn tile_dot<const B: usize>(
+pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
     codes: *const u8,
     scales: *const u8,
     nblocks: usize,
-    acts: [&Q8Activation; B],
+    acts: &ActGroup,
 ) -> [[f32; 16]; B] {
-    for a in acts {
-        assert!(a.q.len() >= nblocks * 32 && a.qsum.len() >= nblocks);
-    }
+    assert!(acts.covers(B, nblocks));
     match format {
         WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, nblocks, acts),
         WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, nblocks, acts),
@@ -40,11 +38,12 @@ pub unsafe fn tile_dot<const B: usize>(
     }
 }
 
-/// Four activation bytes (k-step `s` of block `k`) in every 32-bit lane.
+/// Four activation bytes (k-step `s` of group entry `i`: block k of activation b at
+/// i = k·B + b) in every 32-bit lane.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn step(act: &Q8Activation, k: usize, s: usize) -> __m256i {
-    _mm256_set1_epi32((act.q.as_ptr().add(32 * k + 4 * s) as *const i32).read_unaligned())
+unsafe fn step(acts: &ActGroup, i: usize, s: usize) -> __m256i {
+    _mm256_set1_epi32((acts.q.as_ptr().add(32 * i + 4 * s) as *const i32).read_unaligned())
 }
 
 /// The Q4 tile, one 8-row half at a time (half outer, blocks inner: B accumulators live, not
@@ -60,7 +59,7 @@ unsafe fn tile_q4<const MIN: bool, const B: usize>(
     codes: *const u8,
     scales: *const u8,
     nblocks: usize,
-    acts: [&Q8Activation; B],
+    acts: &ActGroup,
 ) -> [[f32; 16]; B] {
     let sb = if MIN { 64 } else { 32 };
     let mask = _mm256_set1_epi8(0x0F);
@@ -82,7 +81,7 @@ unsafe fn tile_q4<const MIN: bool, const B: usize>(
                 }
                 for b in 0..B {
                     for u in 0..4 {
-                        let q = step(acts[b], k, 4 * jj + u);
+                        let q = step(acts, k * B + b, 4 * jj + u);
                         sum16[b] = _mm256_add_epi16(sum16[b], _mm256_maddubs_epi16(w[u], q));
                     }
                 }
@@ -94,17 +93,16 @@ unsafe fn tile_q4<const MIN: bool, const B: usize>(
                 _mm256_setzero_ps()
             };
             for b in 0..B {
-                let act = acts[b];
+                let i = k * B + b;
                 let mut dot = _mm256_madd_epi16(sum16[b], ones);
                 if !MIN {
                     // Q4_0: Σ(c − 8)·q = Σc·q − 8·Σq.
-                    let off = _mm256_set1_epi32(8 * *act.qsum.get_unchecked(k));
-                    dot = _mm256_sub_epi32(dot, off);
+                    dot = _mm256_add_epi32(dot, _mm256_set1_epi32(*acts.bias.get_unchecked(i)));
                 }
-                let dx = _mm256_set1_ps(*act.d.get_unchecked(k));
+                let dx = _mm256_set1_ps(*acts.d.get_unchecked(i));
                 acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b]);
                 if MIN {
-                    let sx = _mm256_set1_ps(*act.sum.get_unchecked(k));
+                    let sx = _mm256_set1_ps(*acts.sum.get_unchecked(i));
                     acc[b] = _mm256_fmadd_ps(m, sx, acc[b]);
                 }
             }
@@ -144,7 +142,7 @@ unsafe fn tile_q5<const B: usize>(
     codes: *const u8,
     scales: *const u8,
     nblocks: usize,
-    acts: [&Q8Activation; B],
+    acts: &ActGroup,
 ) -> [[f32; 16]; B] {
     let cb = crate::packed_layout::code_bytes(WeightFormat::Q5_0);
     let mask = _mm256_set1_epi8(0x0F);
@@ -169,7 +167,7 @@ unsafe fn tile_q5<const B: usize>(
                 for b in 0..B {
                     let mut sum16 = _mm256_setzero_si256();
                     for u in 0..4 {
-                        let q = step(acts[b], k, 4 * jj + u);
+                        let q = step(acts, k * B + b, 4 * jj + u);
                         sum16 = _mm256_add_epi16(sum16, _mm256_maddubs_epi16(w[u], q));
                     }
                     dot[b] = _mm256_add_epi32(dot[b], _mm256_madd_epi16(sum16, ones));
@@ -177,10 +175,10 @@ unsafe fn tile_q5<const B: usize>(
             }
             let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
             for b in 0..B {
-                let act = acts[b];
-                let off = _mm256_set1_epi32(16 * *act.qsum.get_unchecked(k));
-                let dot = _mm256_sub_epi32(dot[b], off);
-                let dx = _mm256_set1_ps(*act.d.get_unchecked(k));
+                let i = k * B + b;
+                // Σ(c − 16)·q = Σc·q − 16·Σq.
+                let dot = _mm256_add_epi32(dot[b], _mm256_set1_epi32(*acts.bias.get_unchecked(i)));
+                let dx = _mm256_set1_ps(*acts.d.get_unchecked(i));
                 acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b]);
             }
         }
@@ -198,7 +196,7 @@ unsafe fn tile_q8<const B: usize>(
     codes: *const u8,
     scales: *const u8,
     nblocks: usize,
-    acts: [&Q8Activation; B],
+    acts: &ActGroup,
 ) -> [[f32; 16]; B] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; B];
@@ -208,16 +206,16 @@ unsafe fn tile_q8<const B: usize>(
         for h in 0..2 {
             let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
             for b in 0..B {
-                let act = acts[b];
+                let i = k * B + b;
                 let mut dot = _mm256_setzero_si256();
                 for s in 0..8 {
                     let c = _mm256_loadu_si256(blk.add(64 * s + 32 * h) as *const __m256i);
-                    let q = step(act, k, s);
+                    let q = step(acts, i, s);
                     let pairs =
                         _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q, c));
                     dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
                 }
-                let dx = _mm256_set1_ps(*act.d.get_unchecked(k));
+                let dx = _mm256_set1_ps(*acts.d.get_unchecked(i));
                 acc[b][h] =
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b][h]);
             }
