@@ -212,7 +212,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
-    /// Measure this machine's read bandwidth and f32 FMA peak; keep the best seen so far in
+    /// Measure this machine's read bandwidth, f32 FMA peak and int8 MAC peak; keep the best seen so far in
     /// results/roofline/<machine>-<threads>t.json (each experiment also measures afresh).
     Roofline {
         /// Worker threads (default: all logical cores).

@@ -1,6 +1,8 @@
 //! This machine's limits: read bandwidth from a parallel streaming sum over a buffer 16× the
-//! L3, and the f32 FMA peak from independent FMA chains on every thread (AVX2 and, where
-//! present, AVX-512; the larger is the limit). Williams et al., "Roofline". Every experiment
+//! L3, the f32 FMA peak from independent FMA chains on every thread (AVX2 and, where
+//! present, AVX-512; the larger is the limit), and the int8 multiply-accumulate peak of the
+//! instruction the int8-activation products are built on (`vpdpbusd` with AVX-512 VNNI,
+//! `vpmaddubsw` into i16 sums on AVX2), from independent chains likewise. Williams et al., "Roofline". Every experiment
 //! measures them afresh when it starts and compares its rows with that measurement (this
 //! shared VM's bandwidth moved between 25 and 50 GB/s within an hour); the best values ever
 //! seen are kept per machine and thread count in `results/roofline/<machine>-<threads>t.json`.
@@ -26,6 +28,13 @@ pub struct Roofline {
     pub fma_gflops: f64,
     /// Instruction set that reached `fma_gflops`.
     pub fma_isa: String,
+    /// Best int8 multiply-accumulate throughput, GMAC/s (0 in files written before it was
+    /// measured).
+    #[serde(default)]
+    pub int8_gmacs: f64,
+    /// Instruction that reached `int8_gmacs`.
+    #[serde(default)]
+    pub int8_isa: String,
     pub read_measured_at: String,
     pub fma_measured_at: String,
     pub method: String,
@@ -53,12 +62,19 @@ impl Roofline {
                 self.fma_measured_at.clone(),
             )
         };
+        let (int8_gmacs, int8_isa) = if other.int8_gmacs > self.int8_gmacs {
+            (other.int8_gmacs, other.int8_isa.clone())
+        } else {
+            (self.int8_gmacs, self.int8_isa.clone())
+        };
         Roofline {
             read_gbps,
             read_measured_at,
             fma_gflops,
             fma_isa,
             fma_measured_at,
+            int8_gmacs,
+            int8_isa,
             ..other
         }
     }
@@ -202,10 +218,80 @@ pub fn measure_fma_peak() -> (f64, String) {
     best
 }
 
-/// Measures both limits with the current rayon pool.
+/// Independent `vpdpbusd` chains (64 int8 MACs each); returns a value so none is dropped.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn int8_chains_vnni(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+    let mut acc = [_mm512_setzero_si512(); CHAINS];
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbusd_epi32(*x, a, b);
+        }
+    }
+    let s = acc
+        .iter()
+        .fold(_mm512_setzero_si512(), |s, x| _mm512_add_epi32(s, *x));
+    _mm512_reduce_add_epi32(s) as f32
+}
+
+/// Independent `vpmaddubsw` + `vpaddw` chains (32 int8 MACs each, summed in i16: the AVX2
+/// tiles' inner step).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn int8_chains_avx2(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm256_set1_epi8(3), _mm256_set1_epi8(-2));
+    let mut acc = [_mm256_setzero_si256(); CHAINS];
+    let _ = a;
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            // The chain's own value is the unsigned operand, so no product is loop-invariant
+            // (the compiler would hoist it and leave additions only).
+            *x = _mm256_add_epi16(*x, _mm256_maddubs_epi16(*x, b));
+        }
+    }
+    let s = acc
+        .iter()
+        .fold(_mm256_setzero_si256(), |s, x| _mm256_add_epi16(s, *x));
+    let mut out = [0i16; 16];
+    // SAFETY: `out` holds 16 i16, what one unaligned 256-bit store writes.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, s) };
+    out.iter().map(|&v| v as f32).sum()
+}
+
+/// The best int8 MAC rate (GMAC/s) over the instructions this CPU has, with its name; 0 and
+/// "none" where it has neither.
+pub fn measure_int8_peak() -> (f64, String) {
+    let mut best = (0.0, "none".to_string());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if kernel_cpu::Isa::Avx2.supported() {
+            // SAFETY (both closures): the features were detected just above.
+            // fma_rate counts 2 per lane and instruction: half of it is the MACs.
+            let r = fma_rate(32, |n| unsafe { int8_chains_avx2(n) }) / 2.0;
+            if r > best.0 {
+                best = (r, "vpmaddubsw".into());
+            }
+        }
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+        {
+            let r = fma_rate(64, |n| unsafe { int8_chains_vnni(n) }) / 2.0;
+            if r > best.0 {
+                best = (r, "vpdpbusd".into());
+            }
+        }
+    }
+    best
+}
+
+/// Measures the limits with the current rayon pool.
 pub fn measure() -> Roofline {
     let read_gbps = measure_read_bandwidth(10);
     let (fma_gflops, fma_isa) = measure_fma_peak();
+    let (int8_gmacs, int8_isa) = measure_int8_peak();
     let now = machine::now_rfc3339();
     Roofline {
         machine: machine::machine_key(),
@@ -214,10 +300,12 @@ pub fn measure() -> Roofline {
         read_gbps,
         fma_gflops,
         fma_isa,
+        int8_gmacs,
+        int8_isa,
         read_measured_at: now.clone(),
         fma_measured_at: now,
         method: format!(
-            "read: best of 10 parallel streaming sums over {} MiB; fma: best of 5, {CHAINS} independent FMA chains per thread",
+            "read: best of 10 parallel streaming sums over {} MiB; fma: best of 5, {CHAINS} independent FMA chains per thread; int8: the same with vpdpbusd (AVX-512 VNNI) or vpmaddubsw + vpaddw (AVX2) chains",
             STREAM_BYTES >> 20
         ),
     }
@@ -295,6 +383,9 @@ pub fn measure_cuda(ordinal: usize) -> Result<Roofline> {
             gemm.max_rel_err,
             n = gemm_n
         ),
+        // The device roofline measures no int8 peak.
+        int8_gmacs: 0.0,
+        int8_isa: String::new(),
         read_measured_at: now.clone(),
         fma_measured_at: now,
         method: format!(
@@ -365,6 +456,8 @@ mod tests {
             read_gbps: read,
             fma_gflops: fma,
             fma_isa: format!("isa-{at}"),
+            int8_gmacs: fma,
+            int8_isa: format!("int8-{at}"),
             read_measured_at: at.into(),
             fma_measured_at: at.into(),
             method: "x".into(),

@@ -1,4 +1,4 @@
-//! `harness roofline`: measures this machine's read bandwidth and FMA peak (or, with
+//! `harness roofline`: measures this machine's read bandwidth, FMA peak and int8 MAC peak (or, with
 //! `--device cuda`, the GPU's copy bandwidth and bf16 GEMM rate) and stores the best seen
 //! under results/roofline/.
 
@@ -30,8 +30,14 @@ pub fn run(
     set_threads()?;
     let fresh = roofline::measure();
     println!(
-        "{}, {} threads: measured read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({})",
-        fresh.cpu_model, fresh.threads, fresh.read_gbps, fresh.fma_gflops, fresh.fma_isa
+        "{}, {} threads: measured read {:.1} GB/s, f32 FMA peak {:.1} GFLOP/s ({}), int8 MAC peak {:.1} GMAC/s ({})",
+        fresh.cpu_model,
+        fresh.threads,
+        fresh.read_gbps,
+        fresh.fma_gflops,
+        fresh.fma_isa,
+        fresh.int8_gmacs,
+        fresh.int8_isa
     );
     let best = match roofline::stored(results_dir) {
         Some(old) if !replace => old.best_of(fresh),
@@ -39,9 +45,10 @@ pub fn run(
     };
     let path = roofline::store(results_dir, &best)?;
     println!(
-        "stored (best seen): read {:.1} GB/s, FMA {:.1} GFLOP/s -> {}",
+        "stored (best seen): read {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GMAC/s -> {}",
         best.read_gbps,
         best.fma_gflops,
+        best.int8_gmacs,
         path.display()
     );
     Ok(0)
