@@ -397,11 +397,23 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     rows.push(row);
                     bar.inc(1);
                 }
-                // The roofline's time of a step: its bytes at the read bandwidth or its FLOPs
-                // at the f32 FMA peak, whichever is longer.
+                // The roofline's time of a step: its bytes at the read bandwidth or its
+                // multiply-adds at the peak of the arithmetic the product does (the int8 MAC
+                // peak for int8 activations, where it was measured; the f32 FMA peak
+                // otherwise), whichever is longer.
+                let int8 = run.roof.int8_gmacs > 0.0
+                    && matches!(
+                        variant,
+                        MatVecVariant::Packed(_) | MatVecVariant::FusedQ8(_)
+                    );
                 let roof_s = |p: &Phase| {
                     let bytes = (ctx.wbytes + p.kv_bytes) / (bw * 1e9);
-                    bytes.max(ctx.flops_token * p.tokens as f64 / (fma * 1e9))
+                    let compute = if int8 {
+                        ctx.flops_token / 2.0 * p.tokens as f64 / (run.roof.int8_gmacs * 1e9)
+                    } else {
+                        ctx.flops_token * p.tokens as f64 / (fma * 1e9)
+                    };
+                    bytes.max(compute)
                 };
                 let mut one_step = None;
                 for &k in &verify {
@@ -547,7 +559,7 @@ fn verify_table(rows: &[DecodeRow]) -> String {
     if verify.is_empty() {
         return String::new();
     }
-    let mut md = String::from("## A k-token step of one sequence in 1-token steps (verification cost)\n\nThe median of a k-token forward step (all k logits) over the 1-token step's, same model, weights and product; beside it the roofline's: max(bytes / read bandwidth, k × FLOPs / f32 FMA peak) over the same at k = 1. A speculative pass of k tokens wins when it accepts more than its cost in tokens.\n\n| model | weights | matmul | context | k | median ms | p10–p90 ms | cost (1-token steps) | roofline's cost | rel err vs one at a time |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## A k-token step of one sequence in 1-token steps (verification cost)\n\nThe median of a k-token forward step (all k logits) over the 1-token step's, same model, weights and product; beside it the roofline's: max(bytes / read bandwidth, k × multiply-adds / peak) over the same at k = 1, the peak being the int8 MAC peak for the int8-activation products (packed, fused:act=q8) and the f32 FMA peak for fused. A speculative pass of k tokens wins when it accepts more than its cost in tokens.\n\n| model | weights | matmul | context | k | median ms | p10–p90 ms | cost (1-token steps) | roofline's cost | rel err vs one at a time |\n|---|---|---|---|---|---|---|---|---|---|\n");
     let f2 = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2}"));
     for r in verify {
         let _ = writeln!(
