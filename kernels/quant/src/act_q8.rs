@@ -12,6 +12,7 @@
 //! dequantised weights with `activation_as_seen(x)` within f32 rounding, and its distance from
 //! the product with x itself is the activation quantisation error, reported separately.
 
+use crate::act_q8_simd::chunk_scale;
 use crate::plan::BlockPlan;
 
 /// Whether `plan`'s format fits: 4-bit or 8-bit codes in groups of whole 32-value chunks
@@ -197,26 +198,6 @@ pub fn quantize_natural(x: &[f32]) -> Q8Activation {
     };
     quantize_body(x, false, &mut act);
     act
-}
-
-/// The scale of a 32-value chunk whose largest magnitude is `amax`, and its inverse: max|x| / 127
-/// (NaN when the chunk holds a NaN or ±Inf, with inverse 0, so every code is 0 and the NaN
-/// reaches the output through the scale). A chunk so small that 1 / scale overflows
-/// (max|x| < 127 / f32::MAX ≈ 3.7e-37) gets scale 0 and inverse 0, as an all-zero chunk does:
-/// an infinite inverse would send every code to the i32 saturation value (-1 as an i8) and
-/// overflow the chunk's code sum. Its products are then 0, where the f32 ones are below
-/// 3.7e-37 · Σ|w|.
-pub(crate) fn chunk_scale(amax: f32, finite: bool) -> (f32, f32) {
-    if !finite {
-        return (f32::NAN, 0.0);
-    }
-    let scale = amax / 127.0;
-    let inv = 1.0 / scale;
-    if scale > 0.0 && inv.is_finite() {
-        (scale, inv)
-    } else {
-        (0.0, 0.0)
-    }
 }
 
 /// What the kernel multiplies instead of x: d·q per value, in natural order.

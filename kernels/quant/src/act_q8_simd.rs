@@ -1,6 +1,7 @@
-//! The vector loops of `act_q8`'s chunk quantiser on AVX-512 and AVX2 (llama.cpp's
+//! The vector loops of the activation chunk quantiser on AVX-512 and AVX2 (llama.cpp's
 //! `quantize_row_q8_0` AVX paths: max|x| by `vmaxps`, codes by a convert and a narrowing
-//! pack), bit-identical to the scalar definition: the same exact max, the same `chunk_scale`,
+//! pack), bit-identical to the scalar definition: the same exact max, the same `chunk_scale`
+//! (here, shared with the scalar loop),
 //! rounding half away from zero as `f32::round` does (truncate |v|, add 1 where the dropped
 //! fraction is ≥ 0.5 — exact, as |v| ≤ 127 leaves the subtraction no rounding — then the sign
 //! back). The auto-vectorised loop these replace compiled to scalar `maxss` / `cvttss2si`
@@ -10,6 +11,26 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+/// The scale of a 32-value chunk whose largest magnitude is `amax`, and its inverse: max|x| / 127
+/// (NaN when the chunk holds a NaN or ±Inf, with inverse 0, so every code is 0 and the NaN
+/// reaches the output through the scale). A chunk so small that 1 / scale overflows
+/// (max|x| < 127 / f32::MAX ≈ 3.7e-37) gets scale 0 and inverse 0, as an all-zero chunk does:
+/// an infinite inverse would send every code to the i32 saturation value (-1 as an i8) and
+/// overflow the chunk's code sum. Its products are then 0, where the f32 ones are below
+/// 3.7e-37 · Σ|w|.
+pub(crate) fn chunk_scale(amax: f32, finite: bool) -> (f32, f32) {
+    if !finite {
+        return (f32::NAN, 0.0);
+    }
+    let scale = amax / 127.0;
+    let inv = 1.0 / scale;
+    if scale > 0.0 && inv.is_finite() {
+        (scale, inv)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
 /// One chunk quantised: its 32 codes, scale and code sum.
 pub(crate) struct Chunk {
     pub q: [i8; 32],
@@ -17,7 +38,7 @@ pub(crate) struct Chunk {
     pub total: i32,
 }
 
-/// The codes of a chunk with a NaN or ±Inf (NaN scale, zero codes: `act_q8::chunk_scale`).
+/// The codes of a chunk with a NaN or ±Inf (NaN scale, zero codes: `chunk_scale`).
 fn non_finite() -> Chunk {
     Chunk {
         q: [0; 32],
@@ -46,7 +67,7 @@ pub(crate) unsafe fn chunk_avx512(v: &[f32; 32]) -> Chunk {
         return non_finite();
     }
     let amax = _mm512_reduce_max_ps(_mm512_max_ps(abs[0], abs[1]));
-    let (scale, inv) = crate::act_q8::chunk_scale(amax, true);
+    let (scale, inv) = chunk_scale(amax, true);
     let (inv, half, one) = (
         _mm512_set1_ps(inv),
         _mm512_set1_ps(0.5),
@@ -99,7 +120,7 @@ pub(crate) unsafe fn chunk_avx2(v: &[f32; 32]) -> Chunk {
     let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    let (scale, inv) = crate::act_q8::chunk_scale(_mm_cvtss_f32(m), true);
+    let (scale, inv) = chunk_scale(_mm_cvtss_f32(m), true);
     let (inv, half, one) = (
         _mm256_set1_ps(inv),
         _mm256_set1_ps(0.5),
