@@ -182,6 +182,10 @@ fn speculative_greedy_equals_plain_greedy() {
     let mut drafters: Vec<Box<dyn Drafter>> = vec![
         Box::new(ModelDrafter::new(draft, "self:q4_0", 128, greedy).unwrap()),
         Box::new(NgramDrafter::new(3, target.cfg.vocab)),
+        Box::new(models::speculative::suffix::SuffixDrafter::new(
+            24,
+            target.cfg.vocab,
+        )),
     ];
     for d in drafters.iter_mut() {
         for shape in ["chain:4", "static:2,2,1", "dynamic:8"] {
@@ -190,6 +194,7 @@ fn speculative_greedy_equals_plain_greedy() {
                 adaptive: true,
                 threshold: 0.7,
                 sampler: greedy,
+                cost: None,
             };
             let out = generate(&target, d.as_mut(), &prompt, 24, None, &cfg).unwrap();
             assert_eq!(out.tokens, want, "{} {shape}", d.name());

@@ -11,6 +11,7 @@ use kernel_speculative::{DraftTree, TreeShape};
 use kernel_test_support::stats::{chi_square, ChiSquare};
 use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::speculative::driver::{generate, generate_plain, SpecConfig};
+use models::speculative::suffix::SuffixDrafter;
 use models::{load, KvPools, Llama, LoadOptions, SamplerConfig, SeqChunk, Session};
 
 fn model(name: &str, weights: Option<&str>) -> Llama {
@@ -41,6 +42,7 @@ fn cfg(shape: &str, adaptive: bool, sampler: SamplerConfig) -> SpecConfig {
         adaptive,
         threshold: 0.7,
         sampler,
+        cost: None,
     }
 }
 
@@ -62,6 +64,7 @@ fn greedy_speculation_equals_plain_greedy() {
             ModelDrafter::new(model("tiny-gqa", Some("q8_0")), "self:q8_0", 256, greedy()).unwrap(),
         ),
         Box::new(NgramDrafter::new(3, 512)),
+        Box::new(SuffixDrafter::new(8, 512)),
     ];
     for d in drafters.iter_mut() {
         for shape in ["chain:1", "chain:4", "static:3,2,1", "dynamic:12"] {
@@ -78,6 +81,18 @@ fn greedy_speculation_equals_plain_greedy() {
                 assert_eq!(out.tokens, want, "{} {shape} adaptive={adaptive}", d.name());
                 assert!(out.stats.rounds >= 1 && out.stats.rounds <= 39);
             }
+        }
+    }
+    // The cost-aware depth policy (measured pass costs on this machine) changes only how
+    // deep each round drafts, never the output.
+    let cost = models::speculative::cost::PassCost::measure(&target, 13, 16, 1).unwrap();
+    assert_eq!(cost.steps.len(), 13);
+    for d in drafters.iter_mut() {
+        for shape in ["chain:4", "dynamic:12"] {
+            let mut c = cfg(shape, true, greedy());
+            c.cost = Some(cost.clone());
+            let out = generate(&target, d.as_mut(), &prompt, 40, None, &c).unwrap();
+            assert_eq!(out.tokens, want, "{} {shape} cost policy", d.name());
         }
     }
     // The target's own weights draft almost perfectly: most passes accept several tokens.
@@ -158,6 +173,25 @@ fn a_tree_pass_scores_each_path_like_a_plain_pass() {
 /// `top_k`): the chi-square of the first `tokens` tokens' joint against the target's own
 /// p(t1)·p(t2 | t1)·..., and how many runs accepted two drafts or more.
 fn joint_fit(shape: &str, top_k: usize, tokens: usize, n: u64) -> (ChiSquare, usize) {
+    let seed0 = SamplerConfig {
+        temperature: 1.0,
+        top_k,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let mut drafter =
+        ModelDrafter::new(model("micro-draft", None), "micro-draft", 64, seed0).unwrap();
+    joint_fit_with(&mut drafter, shape, top_k, tokens, n)
+}
+
+/// `joint_fit` with any drafter.
+fn joint_fit_with<D: Drafter + Send>(
+    drafter: &mut D,
+    shape: &str,
+    top_k: usize,
+    tokens: usize,
+    n: u64,
+) -> (ChiSquare, usize) {
     let target = model("micro", None);
     let prompt = [1u32, 5, 2, 7, 3];
     let t = |seed| SamplerConfig {
@@ -193,8 +227,6 @@ fn joint_fit(shape: &str, top_k: usize, tokens: usize, n: u64) -> (ChiSquare, us
             }
         }
     }
-    let mut drafter =
-        ModelDrafter::new(model("micro-draft", None), "micro-draft", 64, t(0)).unwrap();
     let mut counts = vec![0u64; expected.len()];
     let mut deep = 0;
     // One thread: the test measures a distribution, and a spinning team on a busy machine
@@ -207,7 +239,7 @@ fn joint_fit(shape: &str, top_k: usize, tokens: usize, n: u64) -> (ChiSquare, us
         for seed in 0..n {
             let out = generate(
                 &target,
-                &mut drafter,
+                drafter,
                 &prompt,
                 tokens,
                 None,
@@ -242,6 +274,48 @@ fn sampled_speculation_through_deep_trees_keeps_the_joint_of_three_tokens() {
         assert!(fit.p_value > 1e-3, "{shape}: {fit:?}");
         assert!(deep > 0, "{shape}: no run accepted two drafts in a row");
     }
+}
+
+#[test]
+fn sampled_speculation_with_the_suffix_drafter_keeps_the_joint_of_three_tokens() {
+    // Model-free candidates (no probabilities: the deterministic-proposal rejection rule)
+    // from the suffix tree of the prompt and the sampled tokens: a sampled token that
+    // occurred in the prompt gets its follower proposed, accepted or rejected by the rule.
+    let mut d = SuffixDrafter::new(4, 8);
+    for shape in ["chain:2", "static:2,2"] {
+        let (fit, _) = joint_fit_with(&mut d, shape, 3, 3, 4000);
+        println!(
+            "suffix {shape}: chi2 {:.1} over {} dof, p = {:.3}",
+            fit.statistic, fit.dof, fit.p_value
+        );
+        assert!(fit.p_value > 1e-3, "{shape}: {fit:?}");
+    }
+    // The rule was exercised: over the same runs, drafts were both accepted and rejected.
+    let (mut accepted, mut rejected) = (0, 0);
+    let target = model("micro", None);
+    for seed in 0..400 {
+        let sampler = SamplerConfig {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            seed,
+        };
+        let out = generate(
+            &target,
+            &mut d,
+            &[1, 5, 2, 7, 3],
+            3,
+            None,
+            &cfg("chain:2", false, sampler),
+        )
+        .unwrap();
+        accepted += out.stats.accepted;
+        rejected += out.stats.drafted_depth - out.stats.accepted;
+    }
+    assert!(
+        accepted > 0 && rejected > 0,
+        "{accepted} accepted, {rejected} rejected"
+    );
 }
 
 #[test]

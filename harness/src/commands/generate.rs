@@ -85,8 +85,9 @@ pub struct GenerateArgs {
     pub capacity: String,
     /// Speculative decoding with this drafter: a preset or checkpoint (same vocabulary),
     /// self:FORMAT (the target's own weights converted, e.g. self:q4_0), self-layers:N (the
-    /// target's first N layers, layer skipping), or ngram[:N] (prompt lookup of the last N
-    /// tokens, default 3).
+    /// target's first N layers, layer skipping), ngram[:N] (prompt lookup of the last N
+    /// tokens, default 3) or suffix[:D] (SuffixDecoding: the longest earlier match of the
+    /// context's suffix, up to D − 1 tokens, default 24, continuations ranked by frequency).
     #[arg(long)]
     pub spec_draft: Option<String>,
     /// Draft tree: chain:K, static:B1,B2,... (branching per depth) or dynamic:N (N nodes
@@ -96,6 +97,12 @@ pub struct GenerateArgs {
     /// Shrink the draft depth while the running acceptance rate is under 70%, grow it above.
     #[arg(long, requires = "spec_draft")]
     pub spec_adaptive: bool,
+    /// How an adaptive draft picks its depth: threshold (the 70% rule of --spec-adaptive) or
+    /// cost (each round the depth with the most expected tokens per decode step, from this
+    /// machine's pass costs measured before generating, the running acceptance and the
+    /// drafter's time; implies --spec-adaptive).
+    #[arg(long, default_value = "threshold", value_parser = ["threshold", "cost"], requires = "spec_draft")]
+    pub spec_policy: String,
     /// Worker threads (default: all logical cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -160,6 +167,8 @@ pub struct SpecSummary {
     pub drafter: String,
     pub tree: String,
     pub adaptive: bool,
+    /// threshold or cost (`--spec-policy`).
+    pub policy: String,
     pub target_passes: usize,
     /// Accepted / proposed draft depth (1 − rejected / drafted).
     pub acceptance_rate: f64,
@@ -325,6 +334,9 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     report(args, &loaded, &out)
 }
 
+/// The largest pass the cost policy times before generating.
+const COST_MAX_TOKENS: usize = 33;
+
 fn run_spec(
     args: &GenerateArgs,
     loaded: &models::Loaded,
@@ -333,11 +345,33 @@ fn run_spec(
     spec: &str,
 ) -> Result<i32> {
     let shape = TreeShape::parse(&args.spec_tree)?;
+    let by_cost = args.spec_policy == "cost";
+    let cost = if by_cost {
+        // Passes up to the whole tree (capped: past it the slope extends), after a context
+        // like the prompt's; untimed in the run's numbers, it is part of setting up.
+        let tokens = (shape.max_nodes() + 1).min(COST_MAX_TOKENS);
+        let context = prompt_ids.len().clamp(1, 256);
+        let c = models::speculative::cost::PassCost::measure(&loaded.model, tokens, context, 3)?;
+        if args.format == Format::Table {
+            eprintln!(
+                "pass costs (decode steps, 1..{tokens} tokens): {}",
+                c.steps
+                    .iter()
+                    .map(|s| format!("{s:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        Some(c)
+    } else {
+        None
+    };
     let cfg = SpecConfig {
         shape: shape.clone(),
-        adaptive: args.spec_adaptive,
+        adaptive: args.spec_adaptive || by_cost,
         threshold: 0.7,
         sampler: args.sampler(),
+        cost,
     };
     // Within the context (checked above) plus a tree of at most MAX_TREE_NODES.
     let capacity = prompt_ids.len() + args.max_new_tokens + shape.max_nodes() + 1;
@@ -378,7 +412,8 @@ fn run_spec(
         spec: Some(SpecSummary {
             drafter: d.name(),
             tree: shape.label(),
-            adaptive: args.spec_adaptive,
+            adaptive: cfg.adaptive,
+            policy: args.spec_policy.clone(),
             target_passes: st.rounds,
             acceptance_rate: st.acceptance_rate(),
             tokens_per_pass: st.tokens_per_pass(),
@@ -420,9 +455,14 @@ fn report(args: &GenerateArgs, loaded: &models::Loaded, out: &Generation) -> Res
             );
             if let Some(s) = &out.spec {
                 eprintln!(
-                    "speculative: {} drafting {}, {} target passes, acceptance {:.0}%, {:.2} tokens per pass, draft {:.0} ms, verify {:.0} ms",
+                    "speculative: {} drafting {}{}, {} target passes, acceptance {:.0}%, {:.2} tokens per pass, draft {:.0} ms, verify {:.0} ms",
                     s.drafter,
                     s.tree,
+                    match (s.adaptive, s.policy.as_str()) {
+                        (true, "cost") => " (depth by pass cost)",
+                        (true, _) => " (adaptive depth)",
+                        _ => "",
+                    },
                     s.target_passes,
                     100.0 * s.acceptance_rate,
                     s.tokens_per_pass,

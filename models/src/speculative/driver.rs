@@ -6,12 +6,14 @@
 //! tokens overwrite them, so a leak would show). Greedy verification reproduces plain greedy decoding; stochastic
 //! verification (multi-candidate rejection sampling) reproduces the target's distribution.
 //! Adaptive depth: the draft depth shrinks while the running acceptance rate is under a
-//! threshold (C21: 70%) and grows while above.
+//! threshold (C21: 70%) and grows while above; or, with measured pass costs (`cost`), each
+//! round takes the depth with the most expected tokens per decode step.
 
 use crate::model::forward::{SeqChunk, TreeChunk};
 use crate::model::kv::KvPools;
 use crate::model::llama::{argmax, Llama, Result};
 use crate::serve::sampler::{Sampler, SamplerConfig};
+use crate::speculative::cost::PassCost;
 use crate::speculative::draft::{DraftDist, Drafter};
 use kernel_common::inputs::pick;
 use kernel_common::KernelError;
@@ -26,6 +28,10 @@ pub struct SpecConfig {
     /// Acceptance rate under which the depth shrinks (over it, it grows).
     pub threshold: f64,
     pub sampler: SamplerConfig,
+    /// With `adaptive`: pick each round's depth from these measured pass costs, the running
+    /// acceptance and the drafter's measured time (`cost::PassCost::best_depth`) instead of
+    /// the threshold rule.
+    pub cost: Option<PassCost>,
 }
 
 /// What a run did.
@@ -237,11 +243,13 @@ pub fn generate(
     let mut ctx = prompt.len(); // tokens with K/V in the cache (the root is not)
     let mut depth = max_depth;
     let mut rate = cfg.threshold; // running acceptance, starts neutral
+    let mut draft_level_s = 0.0; // running draft time per level
     while generated.len() < max_new && Some(*generated.last().expect("a token")) != eos {
         let t = Instant::now();
         let limit = depth.min(max_new - generated.len()).max(1);
         let d = draft(drafter, &committed, &cfg.shape, limit, greedy, &mut sampler)?;
-        stats.draft_s += t.elapsed().as_secs_f64();
+        let drafted_s = t.elapsed().as_secs_f64();
+        stats.draft_s += drafted_s;
         let t = Instant::now();
         let nodes: Vec<usize> = (0..d.tree.len()).collect();
         let logits = target
@@ -307,10 +315,11 @@ pub fn generate(
         stats.depths.push(limit);
         if cfg.adaptive && height > 0 {
             rate = 0.7 * rate + 0.3 * verdict.accepted.len() as f64 / height as f64;
-            depth = if rate < cfg.threshold {
-                (depth - 1).max(1)
-            } else {
-                (depth + 1).min(max_depth)
+            draft_level_s = 0.7 * draft_level_s + 0.3 * drafted_s / height as f64;
+            depth = match &cfg.cost {
+                Some(c) => c.best_depth(&cfg.shape, max_depth, rate, draft_level_s / c.step_s),
+                None if rate < cfg.threshold => (depth - 1).max(1),
+                None => (depth + 1).min(max_depth),
             };
         }
     }

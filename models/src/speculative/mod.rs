@@ -2,7 +2,12 @@
 //! EAGLE-2 trees) — the driver that drafts a tree, verifies it in one tree-masked target pass
 //! and keeps the accepted path, and the drafters that propose it. Uses `model` and `serve`.
 
-/// Drafters: a smaller model, the target in a cheaper format, n-gram lookup.
+/// The cost-aware depth policy: measured pass costs, expected tokens per step.
+pub mod cost;
+/// Drafters: a smaller model, the target in a cheaper format, n-gram lookup (and the suffix
+/// drafter of `suffix`).
 pub mod draft;
 /// Speculative decoding: draft trees verified by the target in one pass.
 pub mod driver;
+/// Suffix drafting (SuffixDecoding): a suffix tree over the sequence so far.
+pub mod suffix;

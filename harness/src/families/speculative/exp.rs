@@ -104,13 +104,21 @@ fn planned_kv(m: &models::Llama, capacity: usize) -> u64 {
 }
 
 /// What drafter `spec` of `target` (loaded from `path`) holds, estimated before it is built:
-/// n-gram lookup a table of the tokens it has seen; `self:FORMAT` the target's weights in
-/// that format; `self-layers:N` all of the target's (they load before it keeps N); a preset
-/// its parameters in f32; a checkpoint path its files' bytes, twice (16-bit safetensors widen
+/// n-gram lookup a table of the tokens it has seen; suffix drafting a node per indexed
+/// string; `self:FORMAT` the target's weights in that format; `self-layers:N` all of the
+/// target's (they load before it keeps N); a preset its parameters in f32; a checkpoint path its files' bytes, twice (16-bit safetensors widen
 /// to f32); and every model drafter a K/V session of `capacity` tokens.
 fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize) -> u64 {
     if spec == "ngram" || spec.starts_with("ngram:") {
         return crate::mem_guard::product(&[capacity, 64]);
+    }
+    if spec == "suffix" || spec.starts_with("suffix:") {
+        // A node (~64 bytes with its map entry) per indexed string: depth per token.
+        let depth = spec
+            .strip_prefix("suffix:")
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(crate::model_source::SUFFIX_DEPTH);
+        return crate::mem_guard::product(&[capacity, depth, 64]);
     }
     let kv = planned_kv(target, capacity);
     let weights = if let Some(fmt) = spec.strip_prefix("self:") {
@@ -322,6 +330,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         adaptive: *adapt,
                         threshold: 0.7,
                         sampler,
+                        cost: None,
                     };
                     let t0 = Instant::now();
                     let out = generate(target, drafter.as_mut(), ids, max_new, None, &cfg)?;

@@ -46,7 +46,7 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ),
     (
         "drafter",
-        "ngram[:N] | self:FORMAT | self-layers:N | a preset or checkpoint",
+        "ngram[:N] | suffix[:D] | self:FORMAT | self-layers:N | a preset or checkpoint",
     ),
     (
         "tree",

@@ -1,0 +1,259 @@
+//! Suffix drafting (SuffixDecoding, Oliaro et al. 2024): a suffix tree over the prompt and
+//! everything generated so far — every substring of up to `depth` tokens is a path from the
+//! root, each node counting the occurrences of its string — so the continuations of the
+//! longest suffix of the context that occurred before come out of one walk, ranked by how
+//! often they followed it (ties: the most recent first). Model-free like n-gram lookup, but
+//! it matches the longest suffix up to `depth` tokens (n-gram lookup stops at its `n`), ranks
+//! by frequency rather than recency, and is built incrementally: a new token costs `depth`
+//! child lookups, a lookup `depth`² at most, where n-gram lookup scans the whole context for
+//! every proposal. Unlike the paper's, this tree holds one sequence's text, not a corpus of
+//! earlier requests.
+
+use crate::model::llama::Result;
+use crate::speculative::draft::{DraftDist, Drafter};
+use kernel_speculative::DraftTree;
+use std::collections::HashMap;
+
+/// One node: the string spelled by the path from the root.
+#[derive(Debug, Clone, Default)]
+struct Node {
+    /// Occurrences of the string in the indexed text.
+    count: u32,
+    /// Where its latest occurrence ends (a token position), for ties.
+    last: usize,
+    /// Its children, in the order they first occurred.
+    next: Vec<usize>,
+    /// The token that leads here from its parent.
+    token: u32,
+}
+
+/// A depth-limited suffix tree over one token sequence, grown token by token.
+#[derive(Debug, Clone)]
+pub struct SuffixTree {
+    depth: usize,
+    nodes: Vec<Node>,
+    /// (parent, token) → child (each node also lists its children, for the ranking).
+    children: HashMap<(usize, u32), usize>,
+    /// The indexed tokens.
+    text: Vec<u32>,
+    /// The nodes of the text's suffixes of 1..depth − 1 tokens (those a new token extends).
+    open: Vec<usize>,
+}
+
+impl SuffixTree {
+    /// An empty tree over substrings of at most `depth` tokens (at least 1).
+    pub fn new(depth: usize) -> SuffixTree {
+        SuffixTree {
+            depth: depth.max(1),
+            nodes: vec![Node::default()],
+            children: HashMap::new(),
+            text: vec![],
+            open: vec![],
+        }
+    }
+
+    /// The indexed tokens.
+    pub fn text(&self) -> &[u32] {
+        &self.text
+    }
+
+    /// Appends `t`: every suffix of the text that ends at it, up to `depth` tokens, gains
+    /// an occurrence.
+    pub fn push(&mut self, t: u32) {
+        let end = self.text.len();
+        self.text.push(t);
+        let mut next = Vec::with_capacity(self.open.len() + 1);
+        for parent in std::iter::once(0).chain(self.open.iter().copied()) {
+            let n = self.nodes.len();
+            let child = *self.children.entry((parent, t)).or_insert(n);
+            if child == n {
+                self.nodes.push(Node {
+                    token: t,
+                    ..Node::default()
+                });
+                self.nodes[parent].next.push(n);
+            }
+            let node = &mut self.nodes[child];
+            node.count += 1;
+            node.last = end;
+            next.push(child);
+        }
+        // Suffixes of `depth` tokens are complete: nothing extends them.
+        next.truncate(self.depth - 1);
+        self.open = next;
+    }
+
+    /// The node of `s`, if it occurred.
+    fn find(&self, s: &[u32]) -> Option<usize> {
+        s.iter()
+            .try_fold(0, |at, &t| self.children.get(&(at, t)).copied())
+    }
+
+    /// The tokens that followed the longest suffix of `context` (at most `depth` − 1
+    /// tokens) that occurred with a continuation in the indexed text, most frequent first
+    /// (ties: the most recent), at most `limit`; empty when no suffix did.
+    pub fn continuations(&self, context: &[u32], limit: usize) -> Vec<u32> {
+        let longest = context.len().min(self.depth - 1);
+        for m in (1..=longest).rev() {
+            let Some(node) = self.find(&context[context.len() - m..]) else {
+                continue;
+            };
+            let mut next: Vec<&Node> = self.nodes[node]
+                .next
+                .iter()
+                .map(|&c| &self.nodes[c])
+                .collect();
+            if next.is_empty() {
+                continue;
+            }
+            next.sort_by(|a, b| b.count.cmp(&a.count).then(b.last.cmp(&a.last)));
+            return next.into_iter().take(limit).map(|c| c.token).collect();
+        }
+        vec![]
+    }
+}
+
+/// The suffix drafter: candidates after each tree node from the suffix tree of the
+/// committed tokens, extended by the node's path in the draft tree.
+pub struct SuffixDrafter {
+    pub depth: usize,
+    pub vocab: usize,
+    tree: SuffixTree,
+}
+
+impl SuffixDrafter {
+    /// Matches suffixes of up to `depth` − 1 tokens (the tree holds substrings of `depth`).
+    pub fn new(depth: usize, vocab: usize) -> SuffixDrafter {
+        SuffixDrafter {
+            depth: depth.max(2),
+            vocab,
+            tree: SuffixTree::new(depth.max(2)),
+        }
+    }
+
+    /// Candidates that keep a node's proposal list short (the driver takes as many as its
+    /// tree shape has children).
+    const LIMIT: usize = 16;
+}
+
+impl Drafter for SuffixDrafter {
+    fn name(&self) -> String {
+        format!("suffix:{}", self.depth)
+    }
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+    fn begin(&mut self, committed: &[u32]) -> Result<()> {
+        // The same sequence grows between rounds; any other starts a new tree.
+        if !committed.starts_with(self.tree.text()) {
+            self.tree = SuffixTree::new(self.depth);
+        }
+        for &t in &committed[self.tree.text().len()..] {
+            self.tree.push(t);
+        }
+        Ok(())
+    }
+    fn expand(
+        &mut self,
+        tree: &DraftTree,
+        tokens: &[u32],
+        nodes: &[usize],
+    ) -> Result<Vec<DraftDist>> {
+        let text = self.tree.text();
+        Ok(nodes
+            .iter()
+            .map(|&n| {
+                // The context's last depth − 1 tokens: the committed tail, then the path.
+                let path: Vec<u32> = tree.path_to(n).iter().skip(1).map(|&p| tokens[p]).collect();
+                let keep = (self.depth - 1).saturating_sub(path.len()).min(text.len());
+                let mut ctx = text[text.len() - keep..].to_vec();
+                ctx.extend(&path);
+                DraftDist::Candidates(self.tree.continuations(&ctx, Self::LIMIT))
+            })
+            .collect())
+    }
+    fn accept(&mut self, _tree: &DraftTree, _accepted: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts by brute force: the tokens after each occurrence of the longest suffix of
+    /// `ctx` (≤ depth − 1) that occurred with a follower in `text`, ranked as the tree ranks.
+    fn brute(text: &[u32], ctx: &[u32], depth: usize) -> Vec<u32> {
+        for m in (1..=ctx.len().min(depth - 1)).rev() {
+            let key = &ctx[ctx.len() - m..];
+            let mut seen: HashMap<u32, (u32, usize)> = HashMap::new();
+            for s in 0..text.len().saturating_sub(m) {
+                if &text[s..s + m] == key {
+                    let e = seen.entry(text[s + m]).or_default();
+                    e.0 += 1;
+                    e.1 = s + m;
+                }
+            }
+            if !seen.is_empty() {
+                let mut v: Vec<(u32, (u32, usize))> = seen.into_iter().collect();
+                v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1)));
+                return v.into_iter().map(|(t, _)| t).collect();
+            }
+        }
+        vec![]
+    }
+
+    #[test]
+    fn continuations_equal_a_brute_force_count() {
+        // A small alphabet, so suffixes of every length repeat.
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let text: Vec<u32> = (0..600)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % 4) as u32
+            })
+            .collect();
+        for depth in [2, 3, 5, 9] {
+            let mut tree = SuffixTree::new(depth);
+            for (i, &t) in text.iter().enumerate() {
+                tree.push(t);
+                if i % 37 == 0 || i + 1 == text.len() {
+                    let done = &text[..=i];
+                    for cut in [0, 1, 3] {
+                        let ctx = &done[..done.len().saturating_sub(cut)];
+                        assert_eq!(
+                            tree.continuations(ctx, usize::MAX),
+                            brute(done, ctx, depth),
+                            "depth {depth}, {} tokens, ctx {}",
+                            done.len(),
+                            ctx.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_drafter_proposes_what_followed_and_restarts_on_a_new_sequence() {
+        let tree = DraftTree::root();
+        // "1 2 3 1 2 4 1 2 3 1 2": after "1 2" came 3 twice, 4 once (depth 3: suffixes of up
+        // to 2 tokens are matched).
+        let text = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2];
+        let mut d = SuffixDrafter::new(3, 16);
+        d.begin(&text).unwrap();
+        let got = d.expand(&tree, &[2], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![3, 4])]);
+        // Depth 4 matches the longer suffix "3 1 2", which was followed by 4 alone.
+        let mut d = SuffixDrafter::new(4, 16);
+        d.begin(&text).unwrap();
+        let got = d.expand(&tree, &[2], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![4])]);
+        // Another sequence: nothing of the first is proposed ("7" was followed by 8).
+        d.begin(&[7, 8, 7]).unwrap();
+        let got = d.expand(&tree, &[7], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![8])]);
+    }
+}
