@@ -126,15 +126,7 @@ fn quantize_chunks(
     chunk_q: impl Fn(&[f32; 32]) -> crate::act_q8_simd::Chunk,
 ) {
     for (c, chunk) in x.chunks_exact(32).enumerate() {
-        let mut v = [0.0f32; 32];
-        if interleaved {
-            for (i, o) in v.iter_mut().enumerate() {
-                *o = chunk[crate::plan::interleaved_source(i, 2)];
-            }
-        } else {
-            v.copy_from_slice(chunk);
-        }
-        let q = chunk_q(&v);
+        let q = chunk_q(&in_code_order(chunk, interleaved));
         act.q[c * 32..(c + 1) * 32].copy_from_slice(&q.q);
         act.d[c] = q.scale;
         act.sum[c] = q.scale * q.total as f32;
@@ -142,17 +134,25 @@ fn quantize_chunks(
     }
 }
 
+/// A 32-value chunk in the order the weights' codes come in (4-bit LSB-first codes: 16 low
+/// nibbles then 16 high ones).
+#[inline(always)]
+fn in_code_order(chunk: &[f32], interleaved: bool) -> [f32; 32] {
+    let mut v = [0.0f32; 32];
+    if interleaved {
+        for (i, o) in v.iter_mut().enumerate() {
+            *o = chunk[crate::plan::interleaved_source(i, 2)];
+        }
+    } else {
+        v.copy_from_slice(chunk);
+    }
+    v
+}
+
 /// Plain loops over fixed 32-value chunks: the definition, and the portable tier.
 fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
     for (c, chunk) in x.chunks_exact(32).enumerate() {
-        let mut v = [0.0f32; 32];
-        if interleaved {
-            for (i, o) in v.iter_mut().enumerate() {
-                *o = chunk[crate::plan::interleaved_source(i, 2)];
-            }
-        } else {
-            v.copy_from_slice(chunk);
-        }
+        let v = in_code_order(chunk, interleaved);
         // max |x| in 16 lanes (a `>` select, not `f32::max`, whose NaN rule kept the loop
         // scalar); the same value as the scalar fold for finite inputs.
         let mut lanes = [0.0f32; 16];
