@@ -43,30 +43,15 @@ impl PassCost {
         reps: usize,
     ) -> Result<PassCost> {
         let (max_tokens, reps) = (max_tokens.max(1), reps.max(1));
-        let bs = 16;
-        let slots = context + max_tokens;
-        let blocks = slots.div_ceil(bs);
-        let mut kv = KvPools::new(target, blocks, bs)?;
-        let table: Vec<u32> = (0..blocks as u32).collect();
         let vocab = target.cfg.vocab as u32;
-        let ids: Vec<u32> = (0..slots as u32).map(|i| (i * 7919 + 13) % vocab).collect();
-        let chunk = |tokens, start, all_logits| SeqChunk {
-            tokens,
-            start,
-            table: &table,
-            all_logits,
-            tree: None,
-        };
-        target.forward(&mut kv, &[chunk(&ids[..context], 0, false)])?;
+        let ids: Vec<u32> = (0..(context + max_tokens) as u32)
+            .map(|i| (i * 7919 + 13) % vocab)
+            .collect();
+        let mut seq = ScratchStep::new(target, ids, context)?;
         let mut medians = vec![];
         for k in 1..=max_tokens {
             let mut t: Vec<f64> = (0..reps + 1)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    target
-                        .forward(&mut kv, &[chunk(&ids[context..context + k], context, true)])
-                        .map(|_| t0.elapsed().as_secs_f64())
-                })
+                .map(|_| seq.step(k).map(|(s, _)| s))
                 .collect::<Result<_>>()?;
             t.remove(0); // the first of each size warms its buffers
             t.sort_by(f64::total_cmp);
@@ -114,6 +99,72 @@ impl PassCost {
             }
         }
         best.0
+    }
+}
+
+/// One sequence on a scratch paged cache after a prompt, stepped k tokens at a time at the
+/// same positions (rewritten each time, every token's logits): the step `PassCost::measure`
+/// and the `verify_cost` experiment time.
+pub struct ScratchStep<'a> {
+    target: &'a Llama,
+    kv: KvPools,
+    table: Vec<u32>,
+    /// The prompt (`context` tokens), then the tokens a step takes.
+    ids: Vec<u32>,
+    context: usize,
+}
+
+impl<'a> ScratchStep<'a> {
+    /// Runs the first `context` of `ids` as the prompt; steps take from the rest.
+    pub fn new(target: &'a Llama, ids: Vec<u32>, context: usize) -> Result<ScratchStep<'a>> {
+        if context == 0 || context >= ids.len() {
+            return Err(KernelError::InvalidShape(format!(
+                "a scratch step needs a prompt and tokens after it: {context} of {} ids",
+                ids.len()
+            )));
+        }
+        let bs = 16;
+        let blocks = ids.len().div_ceil(bs);
+        let mut kv = KvPools::new(target, blocks, bs)?;
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let prompt = SeqChunk {
+            tokens: &ids[..context],
+            start: 0,
+            table: &table,
+            all_logits: false,
+            tree: None,
+        };
+        target.forward(&mut kv, &[prompt])?;
+        Ok(ScratchStep {
+            target,
+            kv,
+            table,
+            ids,
+            context,
+        })
+    }
+
+    /// One step of the `k` tokens after the prompt: its seconds and its logits (k × vocab).
+    pub fn step(&mut self, k: usize) -> Result<(f64, Vec<f32>)> {
+        let end = self.context + k;
+        if k == 0 || end > self.ids.len() {
+            return Err(KernelError::InvalidShape(format!(
+                "a step of {k} tokens after {} exceeds the {} ids",
+                self.context,
+                self.ids.len()
+            )));
+        }
+        let chunk = SeqChunk {
+            tokens: &self.ids[self.context..end],
+            start: self.context,
+            table: &self.table,
+            all_logits: true,
+            tree: None,
+        };
+        let t0 = Instant::now();
+        let mut logits = self.target.forward(&mut self.kv, &[chunk])?;
+        let secs = t0.elapsed().as_secs_f64();
+        Ok((secs, logits.swap_remove(0)))
     }
 }
 

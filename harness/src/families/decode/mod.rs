@@ -18,6 +18,7 @@ use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
 use kernel_quant::{MatVecVariant, WeightFormat};
+use models::speculative::cost::ScratchStep;
 use models::{argmax, load, KvPools, Llama, LoadOptions, SeqChunk, Session};
 use peers::{DecodePeers, PeerPoint};
 pub use rows::{DecodeCols, DecodeRow};
@@ -165,24 +166,13 @@ fn verify_times(
     reps: usize,
 ) -> Result<(Timing, Option<(f64, usize)>)> {
     let bs = 16;
-    let blocks = (context + k).div_ceil(bs);
-    let mut kv = KvPools::new(m, blocks, bs)?;
-    let table: Vec<u32> = (0..blocks as u32).collect();
     let ids = prompt(0, context + k, m.cfg.vocab);
-    let chunk = |tokens, start, all_logits| SeqChunk {
-        tokens,
-        start,
-        table: &table,
-        all_logits,
-        tree: None,
-    };
-    m.forward(&mut kv, &[chunk(&ids[..context], 0, false)])?;
-    let step = chunk(&ids[context..], context, true);
+    let mut seq = ScratchStep::new(m, ids.clone(), context)?;
     let (mut samples, mut logits) = (vec![], vec![]);
     for _ in 0..reps {
-        let t0 = Instant::now();
-        logits = m.forward(&mut kv, &[step])?.swap_remove(0);
-        samples.push(t0.elapsed().as_secs_f64());
+        let (secs, l) = seq.step(k)?;
+        samples.push(secs);
+        logits = l;
     }
     let err = if k > 1 {
         let mut s = Session::new(m, context + k, bs)?;
