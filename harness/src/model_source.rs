@@ -1,9 +1,8 @@
 //! Models as experiments and commands name them: `smollm2` (the GGUF that
 //! scripts/fetch-models.sh fetched), a preset, a checkpoint path; and the speculative drafters
 //! (`ngram[:N]`, `suffix[:D]`, the target in a cheaper format, its first N layers, another
-//! model) built for a
-//! loaded target; the one line of a loaded model's bytes per stored type. Shared by `harness
-//! generate`, `harness eval` and the serving, decode and spec experiments.
+//! model) built for a loaded target; the one line of a loaded model's bytes per stored type.
+//! Shared by `harness generate`, `harness eval` and the serving, decode and spec experiments.
 
 use crate::error::{HarnessError, Result};
 use kernel_quant::WeightFormat;
@@ -33,8 +32,24 @@ pub fn resolve_model(name: &str) -> Result<String> {
 /// to 23 are matched.
 pub const SUFFIX_DEPTH: usize = 24;
 
-/// The drafter `spec` names (`ngram[:N]`, `suffix[:D]`, `self:FORMAT`, `self-layers:N`, a preset or a
-/// checkpoint) for `target`, which was loaded from `model` with `opts`; a model drafter samples
+/// The depth D of a `suffix[:D]` drafter spec (at least 2, default `SUFFIX_DEPTH`); `None`
+/// when `spec` names another drafter.
+pub fn suffix_depth(spec: &str) -> Option<Result<usize>> {
+    if spec != "suffix" && !spec.starts_with("suffix:") {
+        return None;
+    }
+    Some(match spec.strip_prefix("suffix:") {
+        None => Ok(SUFFIX_DEPTH),
+        Some(v) => v.parse::<usize>().ok().filter(|&d| d >= 2).ok_or_else(|| {
+            HarnessError::Usage(format!(
+                "--spec-draft {spec}: D (the longest indexed string) must be an integer of at least 2"
+            ))
+        }),
+    })
+}
+
+/// The drafter `spec` names (`ngram[:N]`, `suffix[:D]`, `self:FORMAT`, `self-layers:N`, a
+/// preset or a checkpoint) for `target`, which was loaded from `model` with `opts`; a model drafter samples
 /// with `sampler` and holds `capacity` tokens of its own paged cache.
 pub fn drafter(
     model: &str,
@@ -53,16 +68,8 @@ pub fn drafter(
         };
         return Ok(Box::new(NgramDrafter::new(n, target.cfg.vocab)));
     }
-    if spec == "suffix" || spec.starts_with("suffix:") {
-        let d = match spec.strip_prefix("suffix:") {
-            None => SUFFIX_DEPTH,
-            Some(v) => v.parse::<usize>().ok().filter(|&d| d >= 2).ok_or_else(|| {
-                HarnessError::Usage(format!(
-                    "--spec-draft {spec}: D (the longest indexed string) must be an integer of at least 2"
-                ))
-            })?,
-        };
-        return Ok(Box::new(SuffixDrafter::new(d, target.cfg.vocab)));
+    if let Some(d) = suffix_depth(spec) {
+        return Ok(Box::new(SuffixDrafter::new(d?, target.cfg.vocab)));
     }
     let mut opts = opts;
     let mut keep = None;

@@ -106,18 +106,17 @@ fn planned_kv(m: &models::Llama, capacity: usize) -> u64 {
 /// What drafter `spec` of `target` (loaded from `path`) holds, estimated before it is built:
 /// n-gram lookup a table of the tokens it has seen; suffix drafting a node per indexed
 /// string; `self:FORMAT` the target's weights in that format; `self-layers:N` all of the
-/// target's (they load before it keeps N); a preset its parameters in f32; a checkpoint path its files' bytes, twice (16-bit safetensors widen
-/// to f32); and every model drafter a K/V session of `capacity` tokens.
+/// target's (they load before it keeps N); a preset its parameters in f32; a checkpoint path
+/// its files' bytes, twice (16-bit safetensors widen to f32); and every model drafter a K/V
+/// session of `capacity` tokens.
 fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize) -> u64 {
     if spec == "ngram" || spec.starts_with("ngram:") {
         return crate::mem_guard::product(&[capacity, 64]);
     }
-    if spec == "suffix" || spec.starts_with("suffix:") {
-        // A node (~64 bytes with its map entry) per indexed string: depth per token.
-        let depth = spec
-            .strip_prefix("suffix:")
-            .and_then(|d| d.parse().ok())
-            .unwrap_or(crate::model_source::SUFFIX_DEPTH);
+    if let Some(depth) = crate::model_source::suffix_depth(spec) {
+        // A node (~64 bytes with its map entry) per indexed string: depth per token (a bad
+        // depth is refused when the drafter is built).
+        let depth = depth.unwrap_or(crate::model_source::SUFFIX_DEPTH);
         return crate::mem_guard::product(&[capacity, depth, 64]);
     }
     let kv = planned_kv(target, capacity);
