@@ -22,6 +22,8 @@ pub mod family;
 pub mod load_flags;
 /// Host, CPU, git and rustc facts for provenance.
 pub mod machine;
+/// The machine's load around a run (load average, other processes' CPU) for provenance.
+pub mod machine_load;
 /// Warm-up, cache flushing, repetitions and percentiles.
 pub mod measure;
 /// The memory guard: points whose estimated memory exceeds a budget are skipped.

@@ -1,8 +1,9 @@
 //! Provenance of a run, written beside its CSV as `<run-id>.json` when the run starts and
 //! rewritten when it ends: git sha and dirty flag, host, CPU, ISA tier, threads, device, rustc,
-//! command line, the grid, the roofline measured at the start, times and status. A shard of
-//! a sweep adds its `sweep` record (which sweep, which shard, every session that worked on
-//! it); a merged sweep its `merged` record (every shard's machine, commit and roofline).
+//! command line, the grid, the roofline measured at the start, times and status, and the
+//! machine's load around the run. A shard of a sweep adds its `sweep` record (which sweep,
+//! which shard, every session that worked on it); a merged sweep its `merged` record (every
+//! shard's machine, commit and roofline).
 
 use crate::error::{HarnessError, Result};
 use crate::machine;
@@ -46,6 +47,9 @@ pub struct Provenance {
     /// sha256: `text gpl3` → `sha256:…`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub inputs: std::collections::BTreeMap<String, String>,
+    /// How busy the machine was: load average at the start and end, other processes' CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<crate::machine_load::LoadRecord>,
     /// Set on a shard of a sweep (`harness exp --shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<ShardRecord>,
@@ -194,6 +198,7 @@ impl Provenance {
             finished_at: None,
             rows: 0,
             inputs: Default::default(),
+            load: crate::machine_load::at_start(),
             sweep: None,
             merged: None,
         }

@@ -398,6 +398,9 @@ impl RunFiles {
         let rows = self.writer.as_ref().map_or(0, |w| w.rows);
         self.prov.status = "finished".into();
         self.prov.finished_at = Some(machine::now_rfc3339());
+        if let Some(warning) = crate::machine_load::at_end(&mut self.prov.load) {
+            eprintln!("{warning}");
+        }
         self.prov.rows = rows;
         match self.points.role {
             Role::Plan(count) => {

@@ -159,6 +159,40 @@ pub struct Generation {
     /// Speculative decoding statistics (with --spec-draft).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecSummary>,
+    /// What the thread team did (`kernel_cpu::team::stats`): regions, how many ran solo on
+    /// a busy machine, stalls, and the workers' idle gaps before the regions they joined.
+    pub team: TeamSummary,
+}
+
+/// `kernel_cpu::team::TeamStats` for the JSON.
+#[derive(Debug, Serialize)]
+pub struct TeamSummary {
+    pub regions: u64,
+    pub solo_regions: u64,
+    pub solo_periods: u64,
+    pub stalls: u64,
+    pub stall_wait_ms: f64,
+    /// The team's threads' run-queue delay over their time while teamed (0 on a quiet
+    /// machine).
+    pub run_queue_delay_fraction: f64,
+    pub parks: u64,
+    /// Bucket b: workers' idle gaps of [2^(b−1), 2^b) µs before a region (b = 0: < 1 µs).
+    pub idle_gaps_us_log2: Vec<u64>,
+}
+
+impl From<kernel_cpu::team::TeamStats> for TeamSummary {
+    fn from(st: kernel_cpu::team::TeamStats) -> TeamSummary {
+        TeamSummary {
+            regions: st.regions,
+            solo_regions: st.solo_regions,
+            solo_periods: st.solo_periods,
+            stalls: st.stalls,
+            stall_wait_ms: st.stall_wait_ns as f64 / 1e6,
+            run_queue_delay_fraction: st.windows_delay_ns as f64 / st.windows_ns.max(1) as f64,
+            parks: st.parks,
+            idle_gaps_us_log2: st.gaps.to_vec(),
+        }
+    }
 }
 
 /// What `--spec-draft` adds to the JSON.
@@ -324,6 +358,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
         ttft_ms: ttft * 1e3,
         tpot_ms: tpot.map(|t| t * 1e3),
         tokens_per_s: tpot.map(|t| 1.0 / t),
+        team: kernel_cpu::team::stats().into(),
         generated_ids: generated,
         matmul: args.matmul.clone(),
         kv_cache: opts.kv_cache.to_string(),
@@ -409,6 +444,7 @@ fn run_spec(
         kv_cache: args.kv_cache.clone(),
         isa: crate::machine::isa(),
         weight_bytes: weight_bytes_by_type(&loaded.model),
+        team: kernel_cpu::team::stats().into(),
         spec: Some(SpecSummary {
             drafter: d.name(),
             tree: shape.label(),
@@ -470,7 +506,28 @@ fn report(args: &GenerateArgs, loaded: &models::Loaded, out: &Generation) -> Res
                     s.verify_ms
                 );
             }
+            if let Some(line) = team_line(&out.team) {
+                eprintln!("{line}");
+            }
         }
     }
     Ok(0)
+}
+
+/// What the thread team did when other processes kept its threads off the cores (nothing on
+/// a quiet machine).
+fn team_line(st: &TeamSummary) -> Option<String> {
+    let busy =
+        st.solo_regions > 0 || st.run_queue_delay_fraction > kernel_cpu::team::DELAY_FRACTION;
+    busy.then(|| {
+        format!(
+            "busy machine: {} of {} parallel regions ran on one thread ({} solo periods); {} regions waited {:.1} ms for descheduled threads; while teamed its threads waited for a CPU {:.1}% of the time",
+            st.solo_regions,
+            st.regions,
+            st.solo_periods,
+            st.stalls,
+            st.stall_wait_ms,
+            100.0 * st.run_queue_delay_fraction
+        )
+    })
 }
