@@ -5,7 +5,9 @@
 //! inside an AVX-512 (`avx512f,avx512bw,avx512vl,avx2,fma,f16c`) and an AVX2 (`avx2,fma,f16c`)
 //! `#[target_feature]` wrapper, and plain for the portable tier — the pattern of
 //! `kernel_cpu::ops`: LLVM vectorises each wrapper for its tier, and the AVX-512 build (which
-//! this machine cannot run) is the same source the AVX2 and portable builds test here.
+//! this machine cannot run) is the same source the AVX2 and portable builds test here. A
+//! wrapper runs only under `kernel_cpu::rows`' token for its tier, which detection mints, so
+//! a tier the caller names and this CPU lacks falls back to a lower one (`Tier::of`).
 //!
 //! Checked in the test binary's assembly (`objdump -d`): the AVX2 wrappers' inner loops are
 //! ymm code (gemv: `vpmovsxbd` + `vcvtdq2ps` + `vmulps`/`vaddps`; q8: `vpmaddwd`; tile:
@@ -30,6 +32,7 @@ use crate::codecs::{self, with_codec};
 use crate::matrix::QuantMatrix;
 use crate::unpack::Codec;
 use act::CodecActivation;
+use kernel_cpu::rows::{Avx2 as Avx2Token, Avx512};
 use kernel_cpu::{team, Isa};
 #[cfg(target_arch = "x86_64")]
 use prims::Avx2;
@@ -40,20 +43,27 @@ const TASK_ROWS: usize = 32;
 /// Rows per GEMV pass (their x loads shared).
 const ROWS: usize = 4;
 
-/// The tier a call runs at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The tier a call runs at. The vector variants hold `kernel_cpu::rows`' capability tokens,
+/// which only detection mints (`for_tier` checks that this CPU has every feature of the tier:
+/// AVX-512 F/BW/VL + AVX2, FMA, F16C, or AVX2, FMA, F16C — exactly what the `wide` and `mid`
+/// wrappers of `tiered!` enable), so a `Tier` that runs a wrapper is proof the CPU has its
+/// features, whatever `Isa` the public caller passed.
+#[derive(Debug, Clone, Copy)]
 enum Tier {
-    Avx512,
-    Avx2,
+    Avx512(Avx512),
+    Avx2(Avx2Token),
     Portable,
 }
 
 impl Tier {
+    /// `isa`'s tier where this CPU has it, else the widest lower one it has: a caller-supplied
+    /// tier the CPU lacks falls back rather than executing instructions the CPU does not have
+    /// (`matvec::matmul` refuses such a tier, and one above the cap, with an error first).
     fn of(isa: Isa) -> Tier {
-        if isa.has_avx512() {
-            Tier::Avx512
-        } else if isa.has_avx2() {
-            Tier::Avx2
+        if let Some(t) = Avx512::for_tier(isa) {
+            Tier::Avx512(t)
+        } else if let Some(t) = Avx2Token::for_tier(isa) {
+            Tier::Avx2(t)
         } else {
             Tier::Portable
         }
@@ -65,14 +75,16 @@ pub fn supports(format: crate::WeightFormat) -> bool {
     codecs::has_codec(format)
 }
 
-/// Y = X·Wᵀ with f32 activations: the GEMV at batch 1, decoded tiles above, at `isa`'s tier.
+/// Y = X·Wᵀ with f32 activations: the GEMV at batch 1, decoded tiles above, at `isa`'s tier
+/// (or the widest lower one this CPU has: see `Tier::of`).
 pub fn matmul_f32(w: &QuantMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa) {
     let tier = Tier::of(isa);
     with_codec!(w.format, C => f32_product::<C>(w, x, batch, y, tier),
         _ => unreachable!("{} has no codec kernels", w.format))
 }
 
-/// Y = X·Wᵀ with each activation row quantised to the format's `vec_dot_type` (`act`).
+/// Y = X·Wᵀ with each activation row quantised to the format's `vec_dot_type` (`act`), at
+/// `isa`'s tier (or the widest lower one this CPU has: see `Tier::of`).
 pub fn matmul_q8(w: &QuantMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa) {
     let tier = Tier::of(isa);
     debug_assert_eq!(x.len(), batch * w.cols);
@@ -189,12 +201,11 @@ macro_rules! tiered {
                     $avx2
                 }
                 match tier {
-                    // SAFETY: `Tier::of` names Avx512 only for a tier whose `Isa` includes
-                    // AVX-512 F/BW/VL, AVX2, FMA and F16C (`isa.rs`), which `Isa::require` /
-                    // `Isa::active` allowed on this CPU.
-                    Tier::Avx512 => return unsafe { wide::<C>($($a),*) },
-                    // SAFETY: likewise AVX2, FMA and F16C.
-                    Tier::Avx2 => return unsafe { mid::<C>($($a),*) },
+                    // SAFETY: the `Avx512` token exists only where this CPU has AVX-512
+                    // F/BW/VL, AVX2, FMA and F16C (`Isa::Avx512.supported()`), `wide`'s features.
+                    Tier::Avx512(_detected) => return unsafe { wide::<C>($($a),*) },
+                    // SAFETY: likewise the `Avx2` token: AVX2, FMA and F16C, `mid`'s features.
+                    Tier::Avx2(_detected) => return unsafe { mid::<C>($($a),*) },
                     Tier::Portable => {}
                 }
             }
@@ -227,3 +238,68 @@ tiered!(
     tile::task::<C, Avx2, 8, 2, 4>(data, rb, cols, r0, mr, x, batch, out, w),
     tile::task::<C, Plain, 4, 2, 4>(data, rb, cols, r0, mr, x, batch, out, w)
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{WeightDist, WeightFormat};
+
+    type Product = fn(&QuantMatrix, &[f32], usize, &mut [f32], Isa);
+
+    #[test]
+    fn a_tier_runs_a_wrapper_only_with_the_cpus_token() {
+        for isa in Isa::ALL {
+            let tier = Tier::of(isa);
+            let want = if isa.has_avx512() && Isa::Avx512.supported() {
+                "avx512"
+            } else if isa.has_avx2() && Isa::Avx2.supported() {
+                "avx2"
+            } else {
+                "portable"
+            };
+            let got = match tier {
+                Tier::Avx512(_) => "avx512",
+                Tier::Avx2(_) => "avx2",
+                Tier::Portable => "portable",
+            };
+            assert_eq!(got, want, "{isa}");
+        }
+    }
+
+    #[test]
+    fn every_named_tier_runs_and_agrees_with_the_portable_one() {
+        // Every tier, including any this CPU lacks (which falls back instead of executing its
+        // instructions) and under a portable cap on this thread (the public functions take the
+        // tier they are given; the cap is `matvec::matmul`'s to enforce).
+        let (rows, cols) = (9, 256);
+        let w = WeightDist::Gaussian.sample(rows, cols, 3);
+        for name in ["q5_0", "iq4_nl", "q4_k"] {
+            let m =
+                QuantMatrix::quantize(WeightFormat::parse(name).unwrap(), rows, cols, &w).unwrap();
+            for batch in [1, 3] {
+                let x = WeightDist::Gaussian.sample(batch, cols, 5);
+                let run = |f: Product, isa| {
+                    let mut y = vec![f32::NAN; batch * rows];
+                    f(&m, &x, batch, &mut y, isa);
+                    y
+                };
+                for f in [matmul_f32 as Product, matmul_q8] {
+                    let want = run(f, Isa::Portable);
+                    let check = |got: Vec<f32>, isa: Isa| {
+                        for (g, w) in got.iter().zip(&want) {
+                            assert!(
+                                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                                "{name} batch {batch} {isa}: {g} vs {w}"
+                            );
+                        }
+                    };
+                    for isa in Isa::ALL {
+                        check(run(f, isa), isa);
+                        kernel_cpu::isa::with_isa(Isa::Portable, || check(run(f, isa), isa))
+                            .unwrap();
+                    }
+                }
+            }
+        }
+    }
+}

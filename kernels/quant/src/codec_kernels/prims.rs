@@ -5,7 +5,8 @@
 //! loops of the 32-value blocks (measured: Q5_1's int8 product 7× slower than Q5_0's with
 //! the same bytes per block, its products rebuilt one `imul` at a time). Every kernel body
 //! stays one source, generic over `P: Prims`: `Avx2` (used by the AVX2 and the AVX-512
-//! wrappers, the AVX-512 tier including AVX2) and `Plain` (the portable tier: SSE2's
+//! wrappers, the AVX-512 tier including AVX2; private to `codec_kernels`, whose wrappers run
+//! only under a detected tier's token) and `Plain` (the portable tier: SSE2's
 //! `pmaddwd`, which every x86-64 has, and a scalar lookup; plain loops elsewhere). The
 //! results are exact integers, the same on every tier.
 
@@ -18,8 +19,12 @@ pub trait Prims {
     fn lut(table: &[i8; 16], idx: &[u8; 16]) -> [i8; 16];
 }
 
-/// AVX2 (`vpmaddwd` on 16 lanes, `vpshufb`): only inside a wrapper with AVX2 enabled.
-pub struct Avx2;
+/// AVX2 (`vpmaddwd` on 16 lanes, `vpshufb`): only inside a wrapper with AVX2 enabled. Its
+/// `Prims` methods are safe functions that execute AVX2, so it is private to `codec_kernels`:
+/// public, any caller could run them (through `Avx2::madd` or a public body generic over
+/// `P: Prims`) on a CPU without AVX2.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Avx2;
 
 /// The portable tier.
 pub struct Plain;
