@@ -110,7 +110,7 @@ fn packed_perplexity_agrees_with_llama_cpp_within_one_percent() {
 }
 
 #[test]
-fn f32_perplexity_agrees_with_transformers_within_half_a_percent() {
+fn f32_perplexity_agrees_with_transformers_within_1e_5() {
     let Some(m) = model_and_text() else { return };
     let f = fixture();
     let ours = ours_at_fixture(&m, &f, &["--weights", "f32", "--matmul", "fused"]);
@@ -119,8 +119,10 @@ fn f32_perplexity_agrees_with_transformers_within_half_a_percent() {
         ours["ppl"].as_f64().unwrap(),
         f["transformers"]["ppl"].as_f64().unwrap(),
     );
+    // Measured 6.7e-8 apart (f32 both sides, different summation orders): 1e-5 leaves 150×
+    // for other machines' orders and still fails any wrong layer, which moves it by percents.
     assert!(
-        rel(ppl, hf) < 0.005,
+        rel(ppl, hf) < 1e-5,
         "ours {ppl} vs transformers {hf}: {:.4}% apart",
         100.0 * rel(ppl, hf)
     );

@@ -268,3 +268,62 @@ fn peers_obey_the_spec_limits() {
         assert!(r[3].contains("max_gflop"), "{r:?}");
     }
 }
+
+#[test]
+fn quant_peers_that_are_not_installed_are_unavailable_never_error() {
+    // The real quant peers (scripts/peers) with a Python that does not exist: every peer row,
+    // the matmul and the quantize ones, says `unavailable` with its install line.
+    let t = TempDir::new("peers", "quant_unavailable");
+    let out = Command::new(BIN)
+        .args([
+            "exp",
+            "quant_tradeoff",
+            "--quick",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--set",
+            "shape=256x512",
+            "--results-dir",
+            t.join("results").to_str().unwrap(),
+        ])
+        .env("WORKBENCH_PEER_PYTHON", "/nonexistent/python")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let dir = t.join("results/quant_tradeoff");
+    let csv_path = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "csv"))
+        .expect("a csv");
+    let mut r = csv::Reader::from_path(csv_path).unwrap();
+    let h = r.headers().unwrap().clone();
+    let col = |n: &str| h.iter().position(|c| c == n).unwrap();
+    let (variant, op, status, note) = (col("variant"), col("op"), col("status"), col("note"));
+    let mut seen = std::collections::BTreeSet::new();
+    for rec in r.records() {
+        let rec = rec.unwrap();
+        let v = &rec[variant];
+        if v.starts_with("gguf_py") || v.starts_with("torch_linear") {
+            seen.insert((
+                v.split(':').next().unwrap().to_string(),
+                rec[op].to_string(),
+            ));
+            assert_eq!(
+                &rec[status], "unavailable",
+                "{v} {}: {}",
+                &rec[op], &rec[note]
+            );
+            assert!(rec[note].contains("install with"), "{}", &rec[note]);
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|(v, op)| v == "gguf_py" && op == "quantize"),
+        "a gguf_py quantize row: {seen:?}"
+    );
+}

@@ -52,6 +52,20 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// How far (rel. L2 of the logits) a cache format may take tiny-gqa / tiny-mqa from the f32
+/// cache: about 3× the largest measured on the two presets (f16 2.0e-4, bf16 1.7e-3, int8
+/// and its variants 6.0–7.7e-3, fp8 and fp8-old progressive 2.4–2.8e-2), so each format's
+/// bound is one the next coarser format cannot meet.
+fn bound_from_f32_cache(kv: &str) -> f64 {
+    match kv {
+        "f16" => 6e-4,
+        "bf16" => 5e-3,
+        k if k.contains("fp8") => 7e-2,
+        k if k.contains("int8") => 2e-2,
+        other => panic!("no bound for {other}"),
+    }
+}
+
 #[test]
 fn every_attention_reads_the_cache_as_stored() {
     for preset in ["tiny-gqa", "tiny-mqa"] {
@@ -61,14 +75,16 @@ fn every_attention_reads_the_cache_as_stored() {
             let contiguous = run(&model(preset, "flash2", kv));
             assert!(paged.iter().all(|x| x.is_finite()), "{preset} {kv}");
             let between = rel_l2(&paged, &contiguous);
+            // Measured ≤ 1.7e-6 (summation order only): 6× margin.
             assert!(
-                between < 1e-4,
+                between < 1e-5,
                 "{preset} {kv}: paged decode and the gathered cache differ by {between}"
             );
             let off = rel_l2(&paged, &reference);
+            let bound = bound_from_f32_cache(kv);
             assert!(
-                off > 0.0 && off < 0.2,
-                "{preset} {kv}: {off} from the f32 cache"
+                off > 0.0 && off < bound,
+                "{preset} {kv}: {off} from the f32 cache (bound {bound})"
             );
         }
     }

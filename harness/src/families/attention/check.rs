@@ -9,7 +9,7 @@ use crate::registry;
 use kernel_attention::reference::attention;
 use kernel_attention::AttentionInputs;
 use kernel_common::inputs::{derive_seed, rng};
-use kernel_common::{Buffer, ErrorStats};
+use kernel_common::{tolerance, Buffer, ErrorStats};
 
 /// Every attention variant of the run's device (the tables' CPU rows, or their CUDA rows under
 /// `--device cuda`) on every case.
@@ -38,11 +38,12 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
                             .map_err(|e| e.to_string())?;
                         Ok(ErrorStats::compare(&out.to_f32(), &want))
                     });
-                ctx.record(
+                ctx.record_with(
                     "attention",
                     case,
                     &kernel.name(),
                     dtype,
+                    tolerance(dtype).at_peak(&want),
                     shape.label(),
                     seed,
                     outcome,

@@ -224,7 +224,7 @@ impl<'a> PointRunner<'a> {
         row.nmse = Some(stats.nmse);
         row.checked_rows = rows.len();
         (
-            unwritten == 0 && stats.passes(&tolerance(self.point.dtype)),
+            unwritten == 0 && stats.passes(&tolerance(self.point.dtype).at_peak(want)),
             unwritten,
         )
     }

@@ -243,7 +243,10 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
                     .map(|got| ErrorStats::compare(&got, &want))
                     .map_err(|e| e.to_string());
                 let case_label = label(c.label(), check);
-                ctx.record("paged", case, &name, dtype, case_label, spec.seed, outcome)?;
+                let tol = tolerance(dtype).at_peak(&want);
+                ctx.record_with(
+                    "paged", case, &name, dtype, tol, case_label, spec.seed, outcome,
+                )?;
             }
             // Append round trip from contiguous K/V through shuffled blocks and back.
             let kv_len = spec.context_lens[0];

@@ -337,6 +337,13 @@ impl QuantPeers {
                 let peer = &mut self.peers[k];
                 let mut row = quantize_row(peer.label(), None);
                 row.head.peer_version = peer.version.clone();
+                // A peer that is not installed (or died) says so: `unavailable`, not an
+                // `error` about the weights file, which is written only for live peers.
+                if let Some(e) = peer.down_reason() {
+                    record_failure(&mut row, e);
+                    peer_rows.push(row);
+                    continue;
+                }
                 let checked = self
                     .weights
                     .clone()
