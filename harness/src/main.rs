@@ -167,6 +167,22 @@ enum Command {
         /// Storage dtypes to check (f32, f16, bf16); default all.
         #[arg(long)]
         dtype: Vec<String>,
+        /// Instead of the families' checks: for every attention variant × projection
+        /// product, whether a sequence's logits are bit-identical alone and inside a batch
+        /// of sequences of other lengths, and on 1 and on --threads threads (a report:
+        /// results/check/<run-id>-invariance.csv).
+        #[arg(long)]
+        invariance: bool,
+        /// The model of --invariance (as `generate --model`; default the tiny-gqa preset,
+        /// its weights converted to q4_0).
+        #[arg(long, requires = "invariance")]
+        model: Option<String>,
+        /// --weights for the --invariance model.
+        #[arg(long, requires = "invariance")]
+        weights: Option<String>,
+        /// Decode steps of --invariance after the prompts.
+        #[arg(long, default_value_t = 8, requires = "invariance")]
+        steps: usize,
         #[command(flatten)]
         common: Common,
     },
@@ -315,10 +331,25 @@ fn run(cli: Cli) -> Result<i32> {
             family,
             cases,
             dtype,
+            invariance,
+            model,
+            weights,
+            steps,
             common,
         } => {
             let device = Device::parse(&common.device)?;
             set_threads(common.threads)?;
+            if invariance {
+                let opts = harness::commands::invariance::InvarianceOptions {
+                    model: model.unwrap_or_else(|| "tiny-gqa".into()),
+                    weights,
+                    threads: rayon::current_num_threads(),
+                    steps,
+                    format: common.format,
+                    results_dir: dir_or_workspace(cli.results_dir, "results")?,
+                };
+                return on_pool(|| harness::commands::invariance::run(&opts));
+            }
             let families = if family.is_empty() {
                 check::default_families()
             } else {

@@ -1146,3 +1146,40 @@ fn bad_model_files_are_one_line() {
         "config.json: LlamaForCausalLM: 'rope_parameters.rope_type' 'dynamic' is not supported",
     );
 }
+
+#[test]
+fn check_invariance_reports_every_variant_and_the_deterministic_ones_hold() {
+    let tmp = TempDir::new("cli", "invariance");
+    let results = tmp.join("results");
+    let out = harness(&[
+        "check",
+        "--invariance",
+        "--steps",
+        "3",
+        "--threads",
+        "2",
+        "--results-dir",
+        results.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 12, "4 attentions x 3 products");
+    for r in rows {
+        if r["attention"] == "paged:split=64" && r["matmul"] == "packed" {
+            assert_eq!(r["batch_identical"], true, "{r}");
+            assert_eq!(r["threads_identical"], true, "{r}");
+        }
+    }
+    let csv = fs::read_dir(results.join("check"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with("-invariance.csv"))
+        .expect("the invariance csv");
+    assert_eq!(fs::read_to_string(csv.path()).unwrap().lines().count(), 13);
+    // --model without --invariance is a usage error.
+    let bad = harness(&["check", "--model", "tiny-gqa"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}

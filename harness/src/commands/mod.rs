@@ -11,6 +11,8 @@ pub mod eval;
 pub mod exp;
 /// `harness generate`.
 pub mod generate;
+/// `harness check --invariance`: logits alone vs in a batch, 1 vs N threads.
+pub mod invariance;
 /// `harness list`: families, variants, experiments, peers, grid keys.
 pub mod list;
 /// `harness merge`: the shards of a sweep put together.

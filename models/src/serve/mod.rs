@@ -1,9 +1,12 @@
 //! The serving room: what runs requests on a model (vLLM's PagedAttention block manager, Orca's
 //! continuous batching): the batch-1 session, block management, the scheduler and its seeded
-//! workloads, the KV allocation simulator, and sampling. Uses `model`, never `spec`.
+//! workloads, the KV allocation simulator, sampling, and the batch/thread invariance check.
+//! Uses `model`, never `spec`.
 
 /// Block manager: reference counts, prefix sharing, copy-on-write; the contiguous allocator.
 pub mod blocks;
+/// Batch and thread invariance: a sequence's logits alone vs in a batch, 1 vs N threads.
+pub mod invariance;
 /// KV allocation simulated under a budget: contiguous vs paged, prefix sharing.
 pub mod kvsim;
 /// The scheduler's modes, configuration, requests and records.
