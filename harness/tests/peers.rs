@@ -81,16 +81,20 @@ fn exp(t: &TempDir, extra: &[&str]) -> Output {
     Command::new(BIN).args(&args).output().unwrap()
 }
 
-/// The rows of the run's CSV as (variant, mode, status, note, peer_version, median_ms, seed).
-fn rows(t: &TempDir) -> Vec<Vec<String>> {
-    let dir = t.join("results/tiny_peers");
-    let csv_path = fs::read_dir(&dir)
+/// A reader of the (one) CSV a run wrote in `dir`.
+fn run_csv(dir: &Path) -> csv::Reader<fs::File> {
+    let csv_path = fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "csv"))
         .expect("a csv");
-    let mut r = csv::Reader::from_path(csv_path).unwrap();
+    csv::Reader::from_path(csv_path).unwrap()
+}
+
+/// The rows of the run's CSV as (variant, mode, status, note, peer_version, median_ms, seed).
+fn rows(t: &TempDir) -> Vec<Vec<String>> {
+    let mut r = run_csv(&t.join("results/tiny_peers"));
     let h = r.headers().unwrap().clone();
     let col = |n: &str| h.iter().position(|c| c == n).unwrap();
     let cols = [
@@ -293,14 +297,7 @@ fn quant_peers_that_are_not_installed_are_unavailable_never_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let dir = t.join("results/quant_tradeoff");
-    let csv_path = fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "csv"))
-        .expect("a csv");
-    let mut r = csv::Reader::from_path(csv_path).unwrap();
+    let mut r = run_csv(&t.join("results/quant_tradeoff"));
     let h = r.headers().unwrap().clone();
     let col = |n: &str| h.iter().position(|c| c == n).unwrap();
     let (variant, op, status, note) = (col("variant"), col("op"), col("status"), col("note"));

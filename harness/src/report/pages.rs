@@ -317,7 +317,9 @@ pub fn method(results: &Path) -> Result<String> {
     let _ = write!(
         out,
         "\nQuantised products are checked against the f64 product of the dequantised weights, \
-         with max |err| scaled by max(1, max |ref|). A row whose check fails is recorded with \
+         with max |err| scaled by max(1, max |ref|); attention outputs (weighted means of value \
+         rows, which a long context shrinks) with max |err| scaled by their own max |ref|. The \
+         bounds are about 3× the largest errors `harness check` measured. A row whose check fails is recorded with \
          status `fail`; a claim citing such a row is `untested` until it passes.\n\n\
          ## Time\n\n\
          One untimed warm-up (also the correctness run), then repetitions, each preceded by a \

@@ -104,7 +104,7 @@ impl Tolerance {
 /// Set from `harness check --family attention` (every variant, 23 cases, seed 42, 2-vCPU Xeon,
 /// 2026-12-03), whose largest errors were: f32 rel L2 5.1e-7, max |err| 1.4e-6; f16 2.2e-4 and
 /// 9.7e-4; bf16 1.7e-3 and 7.8e-3 (outputs of peak ~3). The rel L2 bounds are ~3× those,
-/// and the max |err| bounds 2.5–4× the half-ulp of an output of magnitude 1: for outputs whose
+/// and the max |err| bounds 4–5× the half-ulp of an output of magnitude 1: for outputs whose
 /// size is not about 1, scale them by the reference's peak (`scaled_to`, `at_peak`).
 pub fn tolerance(dtype: DType) -> Tolerance {
     match dtype {
@@ -118,7 +118,7 @@ pub fn tolerance(dtype: DType) -> Tolerance {
         },
         DType::BF16 => Tolerance {
             rel_l2: 5e-3,
-            max_abs: 1.6e-2,
+            max_abs: 2e-2,
         },
     }
 }

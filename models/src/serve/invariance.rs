@@ -8,7 +8,7 @@
 
 use crate::model::forward::SeqChunk;
 use crate::model::kv::KvPools;
-use crate::model::llama::{Llama, Result};
+use crate::model::llama::{argmax, Llama, Result};
 use kernel_common::KernelError;
 
 /// One sequence to decode: its prompt (prefilled in one pass) and the tokens fed one per step.
@@ -56,19 +56,6 @@ impl Drift {
         }
         d
     }
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-            if v > bv {
-                (i, v)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
 }
 
 /// Decodes `scripts` together, each over its own blocks of one pool: one pass with every
