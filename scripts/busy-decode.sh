@@ -23,7 +23,14 @@ for b in native avx512 avx2; do
     fi
 done
 gen=(generate --model "$model" --prompt "The history of the city" --max-new-tokens 256 --format json)
-tok() { "$@" 2>/dev/null | python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)["tokens_per_s"])'; }
+# tokens/s, and for our builds that report it, the share of parallel regions the team ran
+# solo because it found the machine busy.
+tok() {
+    "$@" 2>/dev/null | python3 -c 'import json,sys
+d = json.load(sys.stdin); t = d.get("team")
+solo = "" if t is None else "(solo %.0f%%)" % (100.0 * t["solo_regions"] / max(t["regions"], 1))
+print("%.1f%s" % (d["tokens_per_s"], solo))'
+}
 bench() {
     [ -n "$llama" ] || { echo "-"; return; }
     "$llama" -m "$model" -t "$1" -p 0 -n 128 -r 1 -o csv 2>/dev/null |
