@@ -197,7 +197,7 @@ impl Team {
     fn worker(&self) {
         if IN_TEAM.with(Cell::get) {
             // This thread already serves a team (a loop stolen by another loop's
-            // `yield_now`): joining twice would leave the outer loop unacked.
+            // `yield_now`): joining a second one would stall the first one's regions.
             return;
         }
         let me = self.members.fetch_add(1, Ordering::Relaxed) + 1;
@@ -231,13 +231,16 @@ impl Team {
                 idle_since = busy::now_ns();
                 continue;
             }
-            if self.stop.load(Ordering::Acquire) || busy::solo() {
-                // Solo: back to rayon, whose sleep wakes only for rayon work; the leader
-                // steals this worker's share if a region comes before the team ends.
+            if self.stop.load(Ordering::Acquire) {
                 break;
             }
             idle = idle.wrapping_add(1);
             if idle.is_multiple_of(64) {
+                if busy::solo() {
+                    // Solo: back to rayon, whose sleep wakes only for rayon work; the leader
+                    // steals this worker's share if a region comes before the team ends.
+                    break;
+                }
                 // Rayon work the leader started (flash2, tile GEMMs) runs here meanwhile.
                 if rayon::yield_now() == Some(rayon::Yield::Executed) {
                     idle_since = busy::now_ns();
