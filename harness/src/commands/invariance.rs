@@ -115,14 +115,14 @@ pub fn run(opts: &InvarianceOptions) -> Result<i32> {
     std::fs::create_dir_all(&dir)
         .map_err(HarnessError::io(format!("creating {}", dir.display())))?;
     let path = dir.join(format!("{}-invariance.csv", machine::run_id("check")));
-    let mut w = csv::Writer::from_path(&path)
-        .map_err(|e| HarnessError::Usage(format!("writing {}: {e}", path.display())))?;
+    let mut w = csv::Writer::from_writer(vec![]);
     for r in &rows {
-        w.serialize(r)
-            .map_err(|e| HarnessError::Usage(format!("writing {}: {e}", path.display())))?;
+        w.serialize(r)?;
     }
-    w.flush()
-        .map_err(HarnessError::io(format!("writing {}", path.display())))?;
+    let bytes = w
+        .into_inner()
+        .map_err(|e| HarnessError::Usage(format!("csv: {e}")))?;
+    crate::atomic::write(&path, &bytes)?;
     match opts.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
         Format::Table => println!("{}", table(&rows)),

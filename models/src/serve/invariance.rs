@@ -123,14 +123,22 @@ pub fn decode_together(
 /// What `check` found for one model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Invariance {
-    /// The target alone vs in the middle of a batch with `others`.
+    /// The target alone vs in the middle of a batch with `others`, both on `threads`.
     pub batch: Drift,
     /// The target alone on one thread vs on `threads`.
     pub threads: Drift,
 }
 
-/// Decodes `target` alone and between `others` (on the current pool), and alone on a pool of
-/// one thread and of `threads`.
+/// A rayon pool of `threads`.
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| KernelError::Unsupported(format!("a pool of {threads}: {e}")))
+}
+
+/// Decodes `target` alone and between `others` on a pool of `threads`, and alone on a pool of
+/// one thread (three decodes: the alone-on-`threads` one is the baseline of both comparisons).
 pub fn check(
     model: &Llama,
     target: &Script,
@@ -138,22 +146,21 @@ pub fn check(
     threads: usize,
     block_size: usize,
 ) -> Result<Invariance> {
-    let alone = |pool_threads: usize| -> Result<Vec<Vec<f32>>> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(pool_threads)
-            .build()
-            .map_err(|e| KernelError::Unsupported(format!("a pool of {pool_threads}: {e}")))?;
-        pool.install(|| decode_together(model, std::slice::from_ref(target), block_size))
-            .map(|mut v| v.remove(0))
+    let alone = || -> Result<Vec<Vec<f32>>> {
+        Ok(decode_together(model, std::slice::from_ref(target), block_size)?.remove(0))
     };
-    let here = decode_together(model, std::slice::from_ref(target), block_size)?.remove(0);
     let mut batch = others.to_vec();
     let at = batch.len() / 2;
     batch.insert(at, target.clone());
-    let inside = decode_together(model, &batch, block_size)?.remove(at);
-    let (one, many) = (alone(1)?, alone(threads.max(1))?);
+    let (many, inside) = pool(threads.max(1))?.install(|| -> Result<_> {
+        Ok((
+            alone()?,
+            decode_together(model, &batch, block_size)?.remove(at),
+        ))
+    })?;
+    let one = pool(1)?.install(alone)?;
     Ok(Invariance {
-        batch: Drift::between(&here, &inside),
+        batch: Drift::between(&many, &inside),
         threads: Drift::between(&one, &many),
     })
 }

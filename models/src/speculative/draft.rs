@@ -19,6 +19,12 @@ pub enum DraftDist {
     Candidates(Vec<u32>),
 }
 
+/// The drafted tokens on the path from the root's child to node `n` of `tree` (`tokens[i]` is
+/// node i's token; the root is the last committed token, already in a drafter's context).
+pub(crate) fn drafted_path(tree: &DraftTree, tokens: &[u32], n: usize) -> Vec<u32> {
+    tree.path_to(n).iter().skip(1).map(|&p| tokens[p]).collect()
+}
+
 /// A source of draft tokens.
 pub trait Drafter {
     fn name(&self) -> String;
@@ -219,7 +225,7 @@ impl Drafter for NgramDrafter {
             .iter()
             .map(|&n| {
                 let mut ctx = self.history.clone();
-                ctx.extend(tree.path_to(n).iter().skip(1).map(|&p| tokens[p]));
+                ctx.extend(drafted_path(tree, tokens, n));
                 DraftDist::Candidates(self.lookup(&ctx))
             })
             .collect())

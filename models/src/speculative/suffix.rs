@@ -10,7 +10,7 @@
 //! earlier requests.
 
 use crate::model::llama::Result;
-use crate::speculative::draft::{DraftDist, Drafter};
+use crate::speculative::draft::{drafted_path, DraftDist, Drafter};
 use kernel_speculative::DraftTree;
 use std::collections::HashMap;
 
@@ -164,7 +164,7 @@ impl Drafter for SuffixDrafter {
             .iter()
             .map(|&n| {
                 // The context's last depth − 1 tokens: the committed tail, then the path.
-                let path: Vec<u32> = tree.path_to(n).iter().skip(1).map(|&p| tokens[p]).collect();
+                let path = drafted_path(tree, tokens, n);
                 let keep = (self.depth - 1).saturating_sub(path.len()).min(text.len());
                 let mut ctx = text[text.len() - keep..].to_vec();
                 ctx.extend(&path);
