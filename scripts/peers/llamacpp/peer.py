@@ -2,14 +2,20 @@
 """Peer llamacpp for the workbench harness (protocol: harness/src/peer.rs; the decode
 family's points: harness/src/families/decode/peers.rs).
 
-Runs llama.cpp's llama-bench (built by scripts/fetch-peers.sh under
+Runs llama.cpp's llama-bench and llama-batched-bench (built by scripts/fetch-peers.sh under
 target/peers/llama.cpp/build-<build>/bin, or WORKBENCH_LLAMACPP_DIR/build-<build>/bin) on the
-point's GGUF file with the harness's threads, one repetition per timed call (-r 1, after
-llama-bench's own warm-up run):
-  decode:  -p 0 -n STEPS -d CONTEXT  -> ms per generated token (STEPS tokens after a
-           CONTEXT-token prompt, one sequence);
-  prefill: -p N -n 0                 -> ms for the N-token prompt.
-llama-bench returns no tensors, so there is nothing for the harness to check: `run` answers
+point's GGUF file with the harness's threads, one repetition per timed call (after the tool's
+own warm-up):
+  decode, batch 1: llama-bench -r 1 -p 0 -n STEPS -d CONTEXT
+                   -> ms per generated token (STEPS tokens after a CONTEXT-token prompt);
+  decode, batch B: llama-batched-bench -npp CONTEXT -ntg STEPS -npl B -c B*(CONTEXT+STEPS)
+                   -> ms per step of B tokens (t_tg / STEPS: B sequences, each its own
+                   CONTEXT-token prompt, then STEPS steps that decode one token of every
+                   sequence; S_TG = B / that);
+  prefill:         llama-bench -r 1 -p N -n 0 -> ms for the N-token prompt.
+Both run llama.cpp's defaults otherwise (flash attention auto, its repacked CPU weights where
+the format has them), its best path on the machine.
+llama.cpp returns no tensors, so there is nothing for the harness to check: `run` answers
 that it has no output.
 """
 import json
@@ -26,8 +32,27 @@ def main():
     root = os.environ.get("WORKBENCH_LLAMACPP_DIR") or os.path.join(HERE, "..", "..", "..", "target", "peers", "llama.cpp")
     state = {}
 
+    def batched():
+        p = state["point"]
+        b, pp, tg = int(p["batch"]), int(p["context"]), int(p["steps"])
+        args = [state["batched"], "-m", state["model"], "-t", str(state["threads"]), "-tb", str(state["threads"]),
+                "-npp", str(pp), "-ntg", str(tg), "-npl", str(b), "-c", str(b * (pp + tg)),
+                "--output-format", "jsonl"]
+        out = subprocess.run(args, capture_output=True, text=True)
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+            raise RuntimeError(f"llama-batched-bench exited {out.returncode}: {tail}")
+        rows = [json.loads(l) for l in (out.stdout + "\n" + out.stderr).splitlines() if l.startswith("{")]
+        rows = [r for r in rows if r.get("pl") == b and r.get("tg") == tg]
+        if not rows:
+            raise RuntimeError(f"llama-batched-bench printed no row for B={b}")
+        ms = rows[-1]["t_tg"] * 1e3 / tg
+        return ms, {"avg_ts": rows[-1]["speed_tg"]}
+
     def bench():
         p = state["point"]
+        if p["phase"] == "decode" and p.get("batch", 1) != 1:
+            return batched()
         args = [state["bin"], "-m", state["model"], "-t", str(state["threads"]), "-r", "1", "-o", "json"]
         if p["phase"] == "decode":
             args += ["-p", "0", "-n", str(p["steps"]), "-d", str(p["context"])]
@@ -50,6 +75,7 @@ def main():
             if not os.access(path, os.X_OK):
                 raise peerio.Unavailable(f"llama-bench (build {build}) is not at {path}")
             state["bin"] = path
+            state["batched"] = os.path.join(os.path.dirname(path), "llama-batched-bench")
             try:
                 with open(os.path.join(root, "VERSION")) as f:
                     source = f.read().strip()
@@ -61,8 +87,8 @@ def main():
             model = req["inputs"]
             if not (model.endswith(".gguf") and os.path.isfile(model)):
                 raise peerio.Unsupported("llama-bench runs GGUF files only")
-            if p.get("batch", 1) != 1:
-                raise peerio.Unsupported("llama-bench decodes one sequence")
+            if p.get("batch", 1) != 1 and not os.access(state["batched"], os.X_OK):
+                raise peerio.Unsupported(f"batch > 1 needs llama-batched-bench, not at {state['batched']}")
             if req.get("device", "cpu") != "cpu":
                 raise peerio.Unsupported("this llama.cpp build runs on the CPU")
             state.update(point=p, model=model, threads=int(req.get("threads", 1)))

@@ -1,9 +1,9 @@
-//! Peers of the decode family (`scripts/peers/llamacpp`: llama.cpp's `llama-bench` on the same
-//! GGUF file, llama.cpp's own `compare-llama-bench` numbers beside ours in one run). A peer
-//! serves the points it can (llama-bench: one sequence, the file as shipped); at each one it
+//! Peers of the decode family (`scripts/peers/llamacpp`: llama.cpp's `llama-bench` at batch 1
+//! and for prefill, `llama-batched-bench` at batch B > 1, on the same GGUF file, beside ours in
+//! one run). A peer serves the points it can (llama.cpp: the file as shipped); at each one it
 //! makes one timed call in every round of ours — the runner alternates one of our runs with
 //! one call of each peer — so a peer's row gathers its samples from the rounds of every
-//! product we time at that point. llama-bench returns no logits, so its rows are timing only.
+//! product we time at that point. llama.cpp returns no logits, so its rows are timing only.
 
 use super::rows::{DecodeRow, Phase, RowCtx};
 use crate::error::Result;
@@ -165,7 +165,7 @@ impl DecodePeers {
                     row
                 } else {
                     let mut row = ctx.row(peer.label(), "llama.cpp", phase, &t, None);
-                    row.note = "timing only: llama-bench returns no output to check".into();
+                    row.note = "timing only: llama.cpp returns no output to check".into();
                     if let Some(e) = s.failed {
                         row.head.status = "error".into();
                         row.note =
