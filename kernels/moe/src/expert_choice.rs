@@ -8,7 +8,7 @@
 //! the token (`renormalize_kept`).
 
 use crate::config::MoeConfig;
-use crate::decision::{Assignment, Routing};
+use crate::decision::{higher_first, Assignment, Routing};
 
 /// Each expert's top-c tokens, filed per token (weights are set by the caller).
 pub(crate) fn select_experts(cfg: &MoeConfig, probs: Vec<f64>) -> Routing {
@@ -20,7 +20,7 @@ pub(crate) fn select_experts(cfg: &MoeConfig, probs: Vec<f64>) -> Routing {
     let mut by_score: Vec<usize> = (0..t).collect();
     for expert in 0..e {
         let p = |tok: usize| probs[tok * e + expert];
-        by_score.sort_by(|&a, &b| p(b).total_cmp(&p(a)).then(a.cmp(&b)));
+        by_score.sort_by(|&a, &b| higher_first(p(a), p(b)).then(a.cmp(&b)));
         for &token in &by_score[..c] {
             taken[token].push(expert);
         }
@@ -30,7 +30,7 @@ pub(crate) fn select_experts(cfg: &MoeConfig, probs: Vec<f64>) -> Routing {
     for (token, experts) in taken.iter_mut().enumerate() {
         starts.push(assignments.len());
         let p = &probs[token * e..(token + 1) * e];
-        experts.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        experts.sort_by(|&a, &b| higher_first(p[a], p[b]).then(a.cmp(&b)));
         for (rank, &expert) in experts.iter().enumerate() {
             assignments.push(Assignment {
                 token,

@@ -15,12 +15,12 @@
 //!   its whole list stays dropped (every expert it tried was full, and loads only grow).
 
 use crate::config::{MoeConfig, Priority};
-use crate::decision::{Assignment, Routing};
+use crate::decision::{higher_first, Assignment, Routing};
 
-/// Experts of one token, most probable first, ties to the lower index.
+/// Experts of one token, most probable first (NaN last), ties to the lower index.
 fn preference(p: &[f64]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..p.len()).collect();
-    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| higher_first(p[a], p[b]).then(a.cmp(&b)));
     order
 }
 
@@ -65,7 +65,7 @@ pub(crate) fn select_tokens(
                 Priority::RankMajor | Priority::Reroute => queue.sort_by_key(by),
                 Priority::Score => queue.sort_by(|&i, &j| {
                     let (x, y) = (&assignments[i], &assignments[j]);
-                    y.prob.total_cmp(&x.prob).then(x.token.cmp(&y.token))
+                    higher_first(x.prob, y.prob).then(x.token.cmp(&y.token))
                 }),
             }
             for &i in queue.iter().skip(cap) {

@@ -188,6 +188,120 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
     }
 }
 
+/// NaN and ±Inf logits on the router and capacity kernels: 256 experts (the router's
+/// `MAX_EXPERTS`, where an expert index left at `n_experts` would write past the shared
+/// row), top-8, score priority under a tight capacity. Rows with a NaN, +Inf or −Inf input, an
+/// row of huge activations (logits near or past f32's range) and a row scaled until most probabilities underflow to
+/// exactly 0 (ties) sit among ordinary ones. The kernels must give the CPU's probabilities
+/// (NaN where it has NaN), its choices (`decision::higher_first`: NaN after every probability,
+/// ties to the lower expert, so an all-NaN row takes experts 0..7), its weights and its kept
+/// flags, and every expert index in range.
+#[test]
+fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits() {
+    let Some(m) = module(&kernel_moe::cuda::SOURCE) else {
+        return;
+    };
+    use kernel_moe::cuda::{capacity_policy_code, plan_route, slots_per_expert};
+    use kernel_moe::{route, select, Capacity, MoeConfig, MoeWeights, Priority, WeightNorm};
+    let (t, d, e, k) = (13, 24, 256, 8);
+    for (policy, norm) in [
+        (Priority::Score, WeightNorm::Renormalize),
+        (Priority::TokenOrder, WeightNorm::Raw),
+    ] {
+        let c = MoeConfig::token_choice(t, d, 8, e, k, policy, norm, Capacity::Factor(0.5));
+        let w = MoeWeights::random(&c, 1.0, 3);
+        let mut x = normal_f32(&mut rng(11), t * d, 1.0);
+        x[d + 3] = f32::NAN;
+        x[2 * d + 5] = f32::INFINITY;
+        x[3 * d] = f32::NEG_INFINITY;
+        x[5 * d..6 * d].iter_mut().for_each(|v| *v *= 1e38);
+        x[7 * d..8 * d].iter_mut().for_each(|v| *v *= 300.0);
+        x[9 * d..10 * d].fill(f32::NAN);
+        let (xb, gb, bb) = (f32_bytes(&x), f32_bytes(&w.router), f32_bytes(&w.bias));
+        let mut probs = f32_bytes(&vec![1.5; t * e]);
+        let mut ex = i32_bytes(&vec![-7; t * k]);
+        let mut gp = f32_bytes(&vec![1.5; t * k]);
+        let mut wt = f32_bytes(&vec![1.5; t * k]);
+        let i = |v: usize| Arg::I32(v as i32);
+        m.launch(
+            "moe_route_f32",
+            plan_route(&c).unwrap(),
+            &mut [
+                Arg::In(&xb),
+                Arg::In(&gb),
+                Arg::In(&bb),
+                Arg::Out(&mut probs),
+                Arg::Out(&mut ex),
+                Arg::Out(&mut gp),
+                Arg::Out(&mut wt),
+                i(t),
+                i(d),
+                i(e),
+                i(k),
+                Arg::I32((norm == WeightNorm::Renormalize) as i32),
+            ],
+        )
+        .unwrap();
+        let probs = f32_from_bytes(&probs);
+        let cpu_probs = route(&c, &x, &w.router, &w.bias).unwrap().probs;
+        let nan_rows: Vec<usize> = (0..t)
+            .filter(|&r| cpu_probs[r * e..(r + 1) * e].iter().all(|p| p.is_nan()))
+            .collect();
+        assert!(
+            [1, 2, 3, 9].iter().all(|r| nan_rows.contains(r)),
+            "the non-finite rows must softmax to NaN on the CPU: {nan_rows:?}"
+        );
+        let zeros = probs[7 * e..8 * e].iter().filter(|&&p| p == 0.0).count();
+        assert!(zeros > 2 * k, "row 7 must tie at 0 ({zeros} zeros)");
+        for (j, (&g, &want)) in probs.iter().zip(&cpu_probs).enumerate() {
+            if want.is_nan() {
+                assert!(g.is_nan(), "prob {j}: {g}, the CPU has NaN");
+            } else {
+                assert!((g as f64 - want).abs() <= 1e-5, "prob {j}: {g} vs {want}");
+            }
+        }
+        let cpu = select(&c, probs.iter().map(|&p| p as f64).collect());
+        let experts = i32_from_bytes(&ex);
+        assert!(experts.iter().all(|&x| (0..e as i32).contains(&x)));
+        for (a, &got) in cpu.assignments.iter().zip(&experts) {
+            assert_eq!(a.expert as i32, got, "{policy:?}: top-k choice of {a:?}");
+        }
+        assert_eq!(&experts[9 * k..10 * k], &[0, 1, 2, 3, 4, 5, 6, 7]);
+        for (a, &got) in cpu.assignments.iter().zip(&f32_from_bytes(&wt)) {
+            if a.weight.is_nan() {
+                assert!(got.is_nan(), "{a:?}: weight {got}, the CPU has NaN");
+            } else {
+                assert!((got as f64 - a.weight).abs() <= 1e-5, "{a:?}: weight {got}");
+            }
+        }
+        let n = t * k;
+        let mut pos = i32_bytes(&vec![i32::MIN; n]);
+        m.launch(
+            "moe_capacity_f32",
+            Launch::new((blocks_for(n, 256), 1, 1), 256, 0).unwrap(),
+            &mut [
+                Arg::In(&ex),
+                Arg::In(&gp),
+                Arg::Out(&mut pos),
+                i(n),
+                i(k),
+                i(slots_per_expert(&c)),
+                Arg::I32(capacity_policy_code(policy).unwrap()),
+            ],
+        )
+        .unwrap();
+        let pos = i32_from_bytes(&pos);
+        assert!(
+            cpu.assignments.iter().any(|a| !a.kept),
+            "a tight capacity drops"
+        );
+        for (a, &p) in cpu.assignments.iter().zip(&pos) {
+            assert_eq!(a.kept, p >= 0, "{policy:?}: kept flag of {a:?}");
+        }
+        kernel_moe::cuda::check_decisions(&c, &experts, &pos).unwrap();
+    }
+}
+
 /// `cuda_grouped` (gate+up, down, combine) on the emulator against the f64 experts of the same
 /// decisions, x and weights rounded to the storage type as the variant rounds them: every
 /// routing convention, odd widths (element loads) and multiples of 8 (16-byte loads), experts

@@ -159,6 +159,16 @@ pub fn capacity_cuda(cfg: &MoeConfig, experts: &[i32], gate_probs: &[f32]) -> Re
             "capacity inputs need tokens·top_k = {n} assignments"
         )));
     }
+    if let Some((a, e)) = experts
+        .iter()
+        .enumerate()
+        .find(|(_, &e)| e < 0 || e as usize >= cfg.experts)
+    {
+        return Err(KernelError::BadBuffer(format!(
+            "assignment {a}: expert {e} is outside 0..{}",
+            cfg.experts
+        )));
+    }
     let launch = Launch::new((blocks_for(n, CAPACITY_THREADS), 1, 1), CAPACITY_THREADS, 0)?;
     let rt = CudaRuntime::current()?;
     let f = rt.function(&SOURCE, "moe_capacity_f32")?;
@@ -186,7 +196,47 @@ fn movement_args(cfg: &MoeConfig) -> Result<(i32, i32, i32)> {
     ))
 }
 
-/// The routing decisions (experts, positions) on the device.
+/// Checks, before a launch, what the movement kernels index with: one expert and one slot
+/// position per assignment (tokens·top_k of each), every expert in 0..experts, every position
+/// −1 (dropped) or in 0..slots, and no slot filled twice. The kernels trust these: a bad one
+/// would read or write outside the slot array.
+pub fn check_decisions(cfg: &MoeConfig, experts: &[i32], positions: &[i32]) -> Result<()> {
+    let n = cfg.tokens * token_choice_k(cfg)?;
+    let slots = slots_per_expert(cfg);
+    if experts.len() != n || positions.len() != n {
+        return Err(KernelError::BadBuffer(format!(
+            "decisions need tokens·top_k = {n} experts and positions, got {} and {}",
+            experts.len(),
+            positions.len()
+        )));
+    }
+    let mut filled = vec![false; cfg.experts * slots];
+    for (a, (&e, &p)) in experts.iter().zip(positions).enumerate() {
+        if e < 0 || e as usize >= cfg.experts {
+            return Err(KernelError::BadBuffer(format!(
+                "assignment {a}: expert {e} is outside 0..{}",
+                cfg.experts
+            )));
+        }
+        if p == -1 {
+            continue;
+        }
+        if p < 0 || p as usize >= slots {
+            return Err(KernelError::BadBuffer(format!(
+                "assignment {a}: slot position {p} is neither -1 (dropped) nor in 0..{slots}"
+            )));
+        }
+        let slot = &mut filled[e as usize * slots + p as usize];
+        if std::mem::replace(slot, true) {
+            return Err(KernelError::BadBuffer(format!(
+                "assignment {a}: slot {p} of expert {e} is filled twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The routing decisions (experts, positions) on the device (checked by the caller).
 fn upload_decisions(
     rt: &CudaRuntime,
     experts: &[i32],
@@ -209,6 +259,7 @@ pub fn dispatch_cuda(
     let (t, d, k) = (cfg.tokens, cfg.d_model, token_choice_k(cfg)?);
     let slots = slots_per_expert(cfg);
     x.expect("x", x.dtype(), t * d)?;
+    check_decisions(cfg, experts, positions)?;
     let rt = CudaRuntime::current()?;
     let f = rt.function(
         &SOURCE,
@@ -248,6 +299,14 @@ pub fn combine_cuda(
     let slots = slots_per_expert(cfg);
     let dt = expert_out.dtype();
     expert_out.expect("expert_out", dt, cfg.experts * slots * d)?;
+    check_decisions(cfg, experts, positions)?;
+    if weights.len() != experts.len() {
+        return Err(KernelError::BadBuffer(format!(
+            "combine needs one weight per assignment ({}), got {}",
+            experts.len(),
+            weights.len()
+        )));
+    }
     let rt = CudaRuntime::current()?;
     let f = rt.function(&SOURCE, &format!("moe_combine_{}", dtype_suffix(dt)))?;
     let launch = Launch::new((t, 1, 1), 128, 0)?;
@@ -308,5 +367,38 @@ mod tests {
             slots_per_expert(&cfg(100, 8, 2, Capacity::Factor(1.25))),
             32
         );
+    }
+
+    #[test]
+    fn decisions_out_of_range_are_refused_before_any_launch() {
+        // 3 tokens, top-2 of 4 experts, ⌈3·2·1.0 / 4⌉ = 2 slots per expert.
+        let c = cfg(3, 4, 2, Capacity::Factor(1.0));
+        assert_eq!(slots_per_expert(&c), 2);
+        let experts = [0, 1, 1, 2, 3, 0];
+        let positions = [0, 0, 1, 0, -1, 1];
+        check_decisions(&c, &experts, &positions).unwrap();
+        let refused = |e: &[i32], p: &[i32]| {
+            let err = check_decisions(&c, e, p).unwrap_err().to_string();
+            assert!(matches!(
+                check_decisions(&c, e, p),
+                Err(KernelError::BadBuffer(_))
+            ));
+            err
+        };
+        assert!(refused(&experts[..5], &positions[..5]).contains("tokens·top_k = 6"));
+        assert!(refused(&[0, 1, 1, 2, 4, 0], &positions).contains("expert 4"));
+        assert!(refused(&[0, 1, 1, 2, -1, 0], &positions).contains("expert -1"));
+        assert!(refused(&experts, &[0, 0, 1, 0, -1, 2]).contains("position 2"));
+        assert!(refused(&experts, &[0, 0, 1, 0, -2, 1]).contains("position -2"));
+        assert!(refused(&experts, &[0, 0, 0, 0, -1, 1]).contains("filled twice"));
+        // The launchers run the check before they ask for a device, so it holds without one.
+        let x = Buffer::F32(vec![0.0; 3 * 64]);
+        let e = dispatch_cuda(&c, &x, &[0, 1, 1, 2, 4, 0], &positions).unwrap_err();
+        assert!(e.to_string().contains("expert 4"), "{e}");
+        let y = Buffer::F32(vec![0.0; 4 * 2 * 64]);
+        let e = combine_cuda(&c, &y, &experts, &positions, &[0.5; 5]).unwrap_err();
+        assert!(e.to_string().contains("one weight per assignment"), "{e}");
+        let e = capacity_cuda(&c, &[0, 1, 1, 9, 3, 0], &[0.5; 6]).unwrap_err();
+        assert!(e.to_string().contains("expert 9"), "{e}");
     }
 }

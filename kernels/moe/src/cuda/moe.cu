@@ -3,11 +3,11 @@
 // rows into per-expert slots and the weighted combine of expert outputs.
 //
 // moe_route_f32: one warp per token; logits = hidden·W_gate + bias (lanes over experts), softmax in
-//   f32, k rounds of warp argmax (ties to the lower expert index, as the CPU's sort), weights
-//   renormalised over the chosen k or raw.
+//   f32, k rounds of warp argmax (ties to the lower expert index, NaN after every probability,
+//   as the CPU's sort), weights renormalised over the chosen k or raw.
 // moe_capacity_f32: one thread per assignment (token·k + rank); its position in its expert's
 //   queue = the assignments to that expert ahead of it, by (token, rank) order (policy 0,
-//   `order`), by probability, ties to the lower token (policy 1, `score`), or by (rank,
+//   `order`), by probability (NaN last), ties to the lower token (policy 1, `score`), or by (rank,
 //   token) order (policy 2, `gshard`: every first choice before any second choice). O(n²)
 //   over tiles in shared memory: a plain reference-grade kernel. Kept when position <
 //   capacity; else position −1.
@@ -16,6 +16,12 @@
 
 constexpr int ROUTE_WARPS = 4;
 constexpr int MAX_EXPERTS = 256;
+// A taken expert's mark in the router's probability row: below every rank_key.
+constexpr float TAKEN = -2.0f;
+
+// A probability as selection ranks it (the CPU's `decision::higher_first`): itself, or -1
+// (after every probability, before a taken expert) for a NaN whatever its sign bit.
+__device__ __forceinline__ float rank_key(float p) { return p != p ? -1.0f : p; }
 
 extern "C" __global__ void moe_route_f32(const float* __restrict__ hidden, const float* __restrict__ gate,
                                          const float* __restrict__ bias, float* __restrict__ probs,
@@ -59,12 +65,16 @@ extern "C" __global__ void moe_route_f32(const float* __restrict__ hidden, const
         probs[(size_t)t * n_experts + e] = pe;
     }
     __syncwarp();
+    // k rounds of warp argmax over rank_key: a NaN probability (any NaN or infinite logit
+    // makes the whole row NaN) ranks after every probability and a taken expert after that,
+    // so every round names an untaken expert in range (k <= n_experts), as the CPU's
+    // `higher_first` selection does.
     float chosen_sum = 0.0f;
     for (int r = 0; r < k; ++r) {
-        float best = -1.0f;
+        float best = -3.0f;
         int arg = n_experts;
         for (int e = lane; e < n_experts; e += 32) {
-            const float v = p[warp][e];
+            const float v = rank_key(p[warp][e]);
             if (v > best || (v == best && e < arg)) { best = v; arg = e; }
         }
 #pragma unroll
@@ -73,12 +83,14 @@ extern "C" __global__ void moe_route_f32(const float* __restrict__ hidden, const
             const int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
             if (v2 > best || (v2 == best && a2 < arg)) { best = v2; arg = a2; }
         }
+        const float chosen = p[warp][arg];
+        __syncwarp();
         if (lane == 0) {
             experts[t * k + r] = arg;
-            gate_probs[t * k + r] = best;
-            p[warp][arg] = -2.0f;  // taken
+            gate_probs[t * k + r] = chosen;
+            p[warp][arg] = TAKEN;
         }
-        chosen_sum += best;
+        chosen_sum += chosen;
         __syncwarp();
     }
     if (lane < k) {
@@ -112,7 +124,10 @@ extern "C" __global__ void moe_capacity_f32(const int* __restrict__ experts, con
             if (te[i] != ea) continue;
             const int b = base + i;
             bool before;
-            if (policy == 1) before = tp[i] > pa || (tp[i] == pa && b / k < ta);
+            if (policy == 1) {
+                const float kb = rank_key(tp[i]), ka = rank_key(pa);
+                before = kb > ka || (kb == ka && b / k < ta);
+            }
             else if (policy == 2) before = b % k < a % k || (b % k == a % k && b / k < ta);
             else before = b < a;
             ahead += before;
