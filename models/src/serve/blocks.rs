@@ -284,6 +284,12 @@ impl BlockManager {
         s.tokens.truncate(keep);
         s.hashed = s.hashed.min(keep / bs);
         let dropped: Vec<BlockId> = s.table.drain(keep.div_ceil(bs)..).collect();
+        // A private last block now holds only the kept tokens.
+        if let Some(&last) = s.table.last() {
+            if self.refs[last as usize] == 1 {
+                self.fill[last as usize] = keep - (s.table.len() - 1) * bs;
+            }
+        }
         for b in dropped {
             self.release(b);
         }

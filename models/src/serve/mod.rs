@@ -1,7 +1,8 @@
 //! The serving room: what runs requests on a model (vLLM's PagedAttention block manager, Orca's
 //! continuous batching): the batch-1 session, block management, the scheduler and its seeded
-//! workloads, the KV allocation simulator, sampling, and the batch/thread invariance check.
-//! Uses `model`, never `spec`.
+//! workloads, the KV allocation simulator, sampling, the batch/thread invariance check, and
+//! speculation inside the engine (draft chains from any `speculate::ChainDrafter`). Uses
+//! `model`, never `speculative` (which implements `ChainDrafter` for its drafters).
 
 /// Block manager: reference counts, prefix sharing, copy-on-write; the contiguous allocator.
 pub mod blocks;
@@ -15,6 +16,8 @@ pub mod policy;
 pub mod sampler;
 /// Continuous, static and dynamic batching over the paged KV cache.
 pub mod scheduler;
+/// Speculative decoding inside the engine: draft chains verified in the batched step.
+pub mod speculate;
 /// One sequence over its own pools (batch 1), and `Llama::greedy`.
 pub mod session;
 /// Seeded serving workloads: log-normal lengths, Poisson arrivals, a shared system prompt.

@@ -32,6 +32,7 @@ pub use crate::serve::policy::{
     BatchingMode, Finished, Padding, Request, SchedulerConfig, SloPolicy, StepRecord,
 };
 use crate::serve::sampler::Sampler;
+use crate::serve::speculate::{verify_chain, ChainDrafter, EngineSpecStats, EngineSpeculation};
 use kernel_common::KernelError;
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -49,6 +50,10 @@ struct Seq {
     idle: bool,
     /// Skips decode while the latency objective is broken (keeps its blocks).
     paused: bool,
+    /// With speculation: this sequence's drafter (made at its first decode step).
+    drafter: Option<Box<dyn ChainDrafter>>,
+    /// The draft chain this step runs after the last token (empty: a plain decode).
+    draft: Vec<u32>,
 }
 
 impl Seq {
@@ -88,6 +93,9 @@ pub struct Engine<'m> {
     /// Sequences paused by the latency objective (each pause counted once).
     pub pauses: usize,
     pub padding: Padding,
+    spec: Option<EngineSpeculation>,
+    /// What speculation did (zero without it).
+    pub spec_stats: EngineSpecStats,
 }
 
 /// Ids of filler sequences count down from here (request ids are below).
@@ -118,7 +126,21 @@ impl<'m> Engine<'m> {
             preemptions: 0,
             pauses: 0,
             padding: Padding::default(),
+            spec: None,
+            spec_stats: EngineSpecStats::default(),
         })
+    }
+
+    /// Speculative decoding inside the batch: every decoding sequence drafts a chain of up to
+    /// `spec.max_draft` tokens, run and verified in the same step (`serve::speculate`).
+    pub fn with_speculation(mut self, spec: EngineSpeculation) -> Result<Engine<'m>> {
+        if spec.max_draft == 0 {
+            return Err(KernelError::Unsupported(
+                "speculation needs at least one draft token per step".into(),
+            ));
+        }
+        self.spec = Some(spec);
+        Ok(self)
     }
 
     /// Pauses long sequences while the step latency breaks `policy`'s objective.
@@ -193,6 +215,8 @@ impl<'m> Engine<'m> {
                 preemptions: 0,
                 idle: false,
                 paused: false,
+                drafter: None,
+                draft: vec![],
             });
         }
     }
@@ -318,13 +342,27 @@ impl<'m> Engine<'m> {
                 continue;
             }
             let last = *s.generated.last().expect("a decoding sequence has a token");
-            match self.blocks.append(s.req.id, &[last]) {
-                Ok(copies) => {
+            let limit = if capped { *budget - 1 } else { usize::MAX };
+            let draft = self.draft(i, limit)?;
+            let s = &self.running[i];
+            let mut run = vec![last];
+            run.extend_from_slice(&draft);
+            // A draft that finds no blocks is dropped before anyone is preempted for it.
+            let appended = match self.blocks.append(s.req.id, &run) {
+                Err(_) if !draft.is_empty() => {
+                    self.blocks.append(s.req.id, &[last]).map(|c| (c, 1))
+                }
+                other => other.map(|c| (c, run.len())),
+            };
+            match appended {
+                Ok((copies, n)) => {
                     for (src, dst) in copies {
                         self.kv.copy_block(src, dst)?;
                     }
-                    plan.push((i, 1));
-                    *budget = budget.saturating_sub(1);
+                    let s = &mut self.running[i];
+                    s.draft = if n > 1 { draft } else { vec![] };
+                    plan.push((i, n));
+                    *budget = budget.saturating_sub(n);
                     i += 1;
                 }
                 Err(_) if s.idle => i += 1, // padding work stops first, preempting nobody
@@ -345,6 +383,25 @@ impl<'m> Engine<'m> {
             }
         }
         Ok(())
+    }
+
+    /// The draft chain of decoding sequence `i` (at most `limit` tokens; empty without
+    /// speculation, for a padding slot, or when nothing can follow within the request).
+    fn draft(&mut self, i: usize, limit: usize) -> Result<Vec<u32>> {
+        let Some(spec) = &self.spec else {
+            return Ok(vec![]);
+        };
+        let s = &mut self.running[i];
+        // The chain's positions stay inside the request's own length (prompt + max_new), so
+        // it never needs a block the request was not admitted for.
+        let room = s.req.max_new.saturating_sub(s.generated.len() + 1);
+        let k = spec.max_draft.min(room).min(limit);
+        if s.idle || k == 0 {
+            return Ok(vec![]);
+        }
+        let committed = s.tokens();
+        let drafter = s.drafter.get_or_insert_with(|| (spec.new_drafter)());
+        drafter.chain(&committed, k)
     }
 
     /// Tokens of a prompt to run now: all of it outside continuous batching; in it, what the
@@ -535,11 +592,14 @@ impl<'m> Engine<'m> {
     }
 
     fn execute(&mut self, plan: &[(usize, usize)], started: Instant) -> Result<()> {
+        // A decode slot with a draft runs its last token and the chain.
         let tokens: Vec<Vec<u32>> = plan
             .iter()
             .map(|&(i, n)| {
                 let s = &self.running[i];
-                s.tokens()[s.computed..s.computed + n].to_vec()
+                let mut t = s.tokens()[s.computed..s.computed + n - s.draft.len()].to_vec();
+                t.extend_from_slice(&s.draft);
+                t
             })
             .collect();
         let fillers = std::mem::take(&mut self.fillers);
@@ -552,14 +612,17 @@ impl<'m> Engine<'m> {
         let chunks: Vec<SeqChunk> = plan
             .iter()
             .zip(&tokens)
-            .map(|(&(i, _), t)| (t.as_slice(), self.running[i].computed))
-            .chain(fillers.iter().map(|f| (f.tokens.as_slice(), 0)))
+            .map(|(&(i, _), t)| {
+                let s = &self.running[i];
+                (t.as_slice(), s.computed, !s.draft.is_empty())
+            })
+            .chain(fillers.iter().map(|f| (f.tokens.as_slice(), 0, false)))
             .zip(&tables)
-            .map(|((t, start), table)| SeqChunk {
+            .map(|((t, start, all_logits), table)| SeqChunk {
                 tokens: t,
                 start,
                 table,
-                all_logits: false,
+                all_logits,
                 tree: None,
             })
             .collect();
@@ -571,8 +634,37 @@ impl<'m> Engine<'m> {
         let seconds = started.elapsed().as_secs_f64();
         let now = self.clock + seconds;
         let mut done = vec![];
+        let vocab = self.model.cfg.vocab;
         for (&(i, n), l) in plan.iter().zip(&logits) {
             let s = &mut self.running[i];
+            if !s.draft.is_empty() {
+                let draft = std::mem::take(&mut s.draft);
+                let rows: Vec<&[f32]> = l.chunks(vocab).collect();
+                let emitted = verify_chain(&mut s.sampler, &rows, &draft);
+                self.spec_stats.rounds += 1;
+                self.spec_stats.drafted += draft.len();
+                self.spec_stats.accepted += emitted.len() - 1;
+                // The last token and the first e − 1 emitted ones (accepted drafts) have
+                // their K/V in place: the cache holds all but the newest token again.
+                let mut emitted_n = 0;
+                for &next in &emitted {
+                    s.generated.push(next);
+                    emitted_n += 1;
+                    s.token_times.push(now);
+                    s.first_token.get_or_insert(now);
+                    let stop = Some(next) == s.req.eos
+                        || s.generated.len() >= s.req.max_new
+                        || s.len() >= self.model.cfg.context;
+                    if stop {
+                        done.push(i);
+                        break;
+                    }
+                }
+                s.computed += emitted_n;
+                self.blocks.truncate(s.req.id, s.computed);
+                self.blocks.mark_computed(s.req.id, s.computed);
+                continue;
+            }
             s.computed += n;
             self.blocks.mark_computed(s.req.id, s.computed);
             if s.computed < s.len() {

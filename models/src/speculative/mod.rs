@@ -2,6 +2,8 @@
 //! EAGLE-2 trees) — the driver that drafts a tree, verifies it in one tree-masked target pass
 //! and keeps the accepted path, and the drafters that propose it. Uses `model` and `serve`.
 
+/// Drafters as chains for the continuous-batching engine (`EngineSpec`).
+pub mod chain;
 /// The cost-aware depth policy: measured pass costs, expected tokens per step.
 pub mod cost;
 /// Drafters: a smaller model, the target in a cheaper format, n-gram lookup (and the suffix
