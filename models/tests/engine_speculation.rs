@@ -107,15 +107,15 @@ fn greedy_speculation_in_the_batch_equals_plain_greedy() {
     };
     let mut preempted = false;
     for (c, drafter) in [
-        (cfg(continuous, 128, 16, false), "ngram:3,k=4"),
-        (cfg(continuous, 128, 16, false), "suffix:16,k=6"),
-        (cfg(continuous, 128, 4, true), "suffix,k=3"),
+        (cfg(continuous, 128, 16, false), "ngram:3:k=4"),
+        (cfg(continuous, 128, 16, false), "suffix:16:k=6"),
+        (cfg(continuous, 128, 4, true), "suffix:k=3"),
         (
             cfg(BatchingMode::PrefillFirst, 128, 16, false),
-            "ngram:2,k=8",
+            "ngram:2:k=8",
         ),
         // Blocks for about two requests at once: sequences are preempted and recomputed.
-        (cfg(continuous, 24, 4, false), "ngram,k=4"),
+        (cfg(continuous, 24, 4, false), "ngram:k=4"),
     ] {
         let e = run(&m, c, Some(spec(drafter, m.cfg.vocab)), &reqs);
         let got: BTreeMap<u64, Vec<u32>> = e
@@ -220,7 +220,7 @@ fn sampled_speculation_in_the_batch_keeps_the_joint_of_three_tokens() {
         .num_threads(1)
         .build()
         .unwrap();
-    let e = pool.install(|| run(&target, c, Some(spec("suffix:4,k=2", 8)), &reqs));
+    let e = pool.install(|| run(&target, c, Some(spec("suffix:4:k=2", 8)), &reqs));
     let mut counts = vec![0u64; 512];
     for f in &e.finished {
         counts[f.generated.iter().fold(0, |c, &t| c * 8 + t as usize)] += 1;

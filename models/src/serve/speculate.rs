@@ -31,7 +31,7 @@ pub trait ChainDrafter: Send {
 /// drafts.
 pub struct EngineSpeculation {
     pub max_draft: usize,
-    /// Names the drafter in results (`ngram:3,k=4`).
+    /// Names the drafter in results (`ngram:3:k=4`).
     pub label: String,
     /// A fresh drafter for a sequence.
     pub new_drafter: Box<dyn Fn() -> Box<dyn ChainDrafter> + Send + Sync>,

@@ -1,6 +1,6 @@
 //! Model-free drafters as the continuous-batching engine takes them (`serve::speculate`):
 //! any `Drafter` proposes a chain (the first candidate of each level), and `EngineSpec` names
-//! the drafter and the chain length (`ngram[:N][,k=K]`, `suffix[:D][,k=K]`).
+//! the drafter and the chain length (`ngram[:N][:k=K]`, `suffix[:D][:k=K]`).
 
 use crate::model::llama::{argmax, Result};
 use crate::serve::speculate::{ChainDrafter, EngineSpeculation};
@@ -26,44 +26,39 @@ pub struct EngineSpec {
 }
 
 impl EngineSpec {
-    /// Parses `ngram[:N][,k=K]` or `suffix[:D][,k=K]` (defaults: N 3, D 24, K 4).
+    /// Parses `ngram[:N][:k=K]` or `suffix[:D][:k=K]` (defaults: N 3, D 24, K 4; colons,
+    /// not commas, so a spec is one value of a `--set` list).
     pub fn parse(text: &str) -> Result<EngineSpec> {
         let bad = |why: &str| {
             KernelError::Unsupported(format!(
-                "speculation '{text}': {why} (want ngram[:N][,k=K] or suffix[:D][,k=K])"
+                "speculation '{text}': {why} (want ngram[:N][:k=K] or suffix[:D][:k=K])"
             ))
         };
-        let mut parts = text.split(',');
-        let head = parts.next().unwrap_or("");
-        let (kind, arg) = head
-            .split_once(':')
-            .map_or((head, None), |(k, a)| (k, Some(a)));
-        let num = |a: Option<&str>, default: usize| -> Result<usize> {
-            match a {
-                None => Ok(default),
-                Some(a) => a
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&v| v > 0)
-                    .ok_or_else(|| bad(&format!("'{a}' is not a positive integer"))),
-            }
+        let positive = |a: &str| -> Result<usize> {
+            a.parse::<usize>()
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| bad(&format!("'{a}' is not a positive integer")))
         };
+        let mut parts = text.split(':');
+        let kind = parts.next().unwrap_or("");
+        let (mut arg, mut max_draft) = (None, 4);
+        for (i, p) in parts.enumerate() {
+            match p.strip_prefix("k=") {
+                Some(k) => max_draft = positive(k)?,
+                None if i == 0 => arg = Some(positive(p)?),
+                None => return Err(bad(&format!("unknown option '{p}'"))),
+            }
+        }
         let drafter = match kind {
             "ngram" => EngineDrafter::Ngram {
-                max_n: num(arg, 3)?,
+                max_n: arg.unwrap_or(3),
             },
             "suffix" => EngineDrafter::Suffix {
-                depth: num(arg, 24)?,
+                depth: arg.unwrap_or(24),
             },
             other => return Err(bad(&format!("unknown drafter '{other}'"))),
         };
-        let mut max_draft = 4;
-        for p in parts {
-            match p.split_once('=') {
-                Some(("k", v)) => max_draft = num(Some(v), 4)?,
-                _ => return Err(bad(&format!("unknown option '{p}'"))),
-            }
-        }
         if max_draft > 32 {
             return Err(bad("k must be at most 32 draft tokens per step"));
         }
@@ -85,11 +80,11 @@ impl EngineSpec {
         }
     }
 
-    /// A label for results: `ngram:3,k=4`.
+    /// A label for results: `ngram:3:k=4` (parses back to the same spec).
     pub fn label(&self) -> String {
         match self.drafter {
-            EngineDrafter::Ngram { max_n } => format!("ngram:{max_n},k={}", self.max_draft),
-            EngineDrafter::Suffix { depth } => format!("suffix:{depth},k={}", self.max_draft),
+            EngineDrafter::Ngram { max_n } => format!("ngram:{max_n}:k={}", self.max_draft),
+            EngineDrafter::Suffix { depth } => format!("suffix:{depth}:k={}", self.max_draft),
         }
     }
 }
@@ -141,16 +136,21 @@ mod tests {
             }
         );
         assert_eq!(
-            EngineSpec::parse("suffix:16,k=8").unwrap().label(),
-            "suffix:16,k=8"
+            EngineSpec::parse("suffix:16:k=8").unwrap().label(),
+            "suffix:16:k=8"
+        );
+        assert_eq!(
+            EngineSpec::parse("ngram:k=2").unwrap().label(),
+            "ngram:3:k=2"
         );
         for bad in [
             "model",
             "ngram:0",
             "ngram:x",
-            "suffix,k=0",
-            "suffix,j=2",
-            "ngram,k=99",
+            "suffix:k=0",
+            "suffix:j=2",
+            "ngram:k=99",
+            "ngram:3:4",
         ] {
             let e = EngineSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && !e.contains('\n'), "{bad}: {e}");

@@ -69,6 +69,13 @@ pub struct ServingCols {
     pub steps: usize,
     /// Real seconds the run took (step times summed).
     pub busy_s: f64,
+    /// Speculation inside the engine: `off`, or the drafter and chain length
+    /// (`ngram:3:k=4`; empty in runs from before the axis).
+    #[serde(default)]
+    pub spec: String,
+    /// Draft tokens accepted / drafted (empty without speculation).
+    #[serde(default)]
+    pub spec_acceptance: Option<f64>,
 }
 
 /// A row: the shared head, these columns, the note.
@@ -144,7 +151,11 @@ pub fn tables(rows: &[ServingRow]) -> String {
             "| {} | {:.2} | {} | {}{} | {:.2} | {:.1} | {:.0} / {} / {:.0} | {:.1} / {} / {:.1} | {:.0} / {} | {} | {} | {:.2} | {} / {} | {} |",
             r.model,
             r.load,
-            r.mode,
+            match (r.spec.as_str(), r.spec_acceptance) {
+                ("" | "off", _) => r.mode.clone(),
+                (s, Some(a)) => format!("{} + spec {s} ({:.0}% accepted)", r.mode, 100.0 * a),
+                (s, None) => format!("{} + spec {s}", r.mode),
+            },
             if r.preempt.is_empty() { "off" } else { &r.preempt },
             r.slo_ms.map_or(String::new(), |o| format!(" ({o:.0})")),
             r.rate_rps,

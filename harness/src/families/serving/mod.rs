@@ -2,7 +2,8 @@
 //! (`models::serve::scheduler`: static, dynamic, continuous, its prefill-first ablation,
 //! padded static batches FIFO or length-sorted) on a real model and a preset, under Poisson
 //! arrivals at several offered loads, optionally with the latency objective that pauses long
-//! sequences. Load is relative: each model is first run with every request queued at once
+//! sequences, and optionally with speculative decoding inside the engine (`spec`: each
+//! decoding sequence's n-gram or suffix draft chain verified in the shared batch). Load is relative: each model is first run with every request queued at once
 //! under continuous batching, which gives its saturated capacity (requests/s) and its median
 //! step time on this machine; rates are fractions and multiples of the capacity, objectives
 //! multiples of the step time. Step times are measured, the clock between steps is virtual (no
@@ -24,6 +25,7 @@ use crate::sweep::PointKey;
 use cols::{percentile, summarise, tables, ServingCols};
 use models::serve::scheduler::SloPolicy;
 use models::serve::workload::Workload;
+use models::speculative::chain::EngineSpec;
 use models::{load, BatchingMode, Engine, SchedulerConfig};
 use std::collections::HashMap;
 use std::path::Path;
@@ -72,6 +74,10 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     (
         "load",
         "offered rate as a fraction of the model's saturated capacity",
+    ),
+    (
+        "spec",
+        "off | ngram[:N][:k=K] | suffix[:D][:k=K]: speculative decoding inside the engine, each decoding sequence's draft chain verified in the shared batch",
     ),
     ("requests", "requests per run"),
     ("prompt_mean", "mean prompt tokens (log-normal)"),
@@ -128,6 +134,18 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     } else {
         vec![None]
     };
+    // Speculation is a key of the point only when the grid names it (older specs keep theirs).
+    let with_spec = grid.contains_key("spec");
+    let specs: Vec<(String, Option<EngineSpec>)> = g
+        .strings("spec", &["off"])
+        .into_iter()
+        .map(|s| match s.as_str() {
+            "off" => Ok((s, None)),
+            text => EngineSpec::parse(text)
+                .map(|e| (e.label(), Some(e)))
+                .map_err(|e| HarnessError::Usage(e.to_string())),
+        })
+        .collect::<Result<_>>()?;
     let requests = g.one("requests", "48", "a positive integer", |n: usize| n > 0)?;
     let prompt_mean = g.one("prompt_mean", "48", "a mean ≥ 1", |x: f64| x >= 1.0)?;
     let output_mean = g.one("output_mean", "48", "a mean ≥ 1", |x: f64| x >= 1.0)?;
@@ -182,7 +200,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         for (label, mode) in &modes {
             for p in &preempts {
                 for &slo in &slos {
-                    points.push((load, label.clone(), *mode, p.clone(), slo));
+                    for sp in &specs {
+                        points.push((load, label.clone(), *mode, p.clone(), slo, sp.clone()));
+                    }
                 }
             }
         }
@@ -190,19 +210,22 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bar = run.progress_bar(model_names.len() * (1 + points.len()));
     for (name, model, over) in &loaded {
-        let key = |load: f64, mode: &str, preempt: &str, slo: Option<f64>| match slo {
-            Some(x) if with_slo => PointKey::of(&[
-                ("model", name),
-                ("load", &load),
-                ("mode", &mode),
-                ("preempt", &preempt),
-                ("slo", &x),
-            ]),
-            _ => PointKey::of(&[("model", name), ("load", &load), ("mode", &mode)]),
+        let key = |load: f64, mode: &str, preempt: &str, slo: Option<f64>, sp: &str| {
+            let mut k: Vec<(&str, &dyn std::fmt::Display)> =
+                vec![("model", name), ("load", &load), ("mode", &mode)];
+            let x;
+            if let (Some(v), true) = (slo, with_slo) {
+                x = v;
+                k.extend([("preempt", &preempt as &dyn std::fmt::Display), ("slo", &x)]);
+            }
+            if with_spec {
+                k.push(("spec", &sp));
+            }
+            PointKey::of(&k)
         };
         if !points
             .iter()
-            .any(|(l, m, _, p, s)| run.owns(&key(*l, m, p, *s)))
+            .any(|(l, m, _, p, s, sp)| run.owns(&key(*l, m, p, *s, &sp.0)))
         {
             continue;
         }
@@ -213,8 +236,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         };
         if let Some(note) = over {
             bar.inc(1);
-            for (load, label, _, preempt, slo) in &points {
-                let k = key(*load, label, preempt, *slo);
+            for (load, label, _, preempt, slo, sp) in &points {
+                let k = key(*load, label, preempt, *slo, &sp.0);
                 if !run.owns(&k) {
                     continue;
                 }
@@ -229,6 +252,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         requests,
                         max_batch,
                         token_budget,
+                        spec: sp.0.clone(),
                         ..ServingCols::default()
                     },
                     note: note.clone(),
@@ -238,8 +262,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             }
             continue;
         }
-        let serve = |mode, rate: f64, slo: Option<f64>| -> Result<(Engine, f64)> {
+        let serve = |mode, rate: f64, slo: Option<f64>, sp: Option<EngineSpec>| {
             let mut e = Engine::new(model, cfg(mode))?;
+            if let Some(sp) = sp {
+                e = e.with_speculation(sp.speculation(model.cfg.vocab))?;
+            }
             if let Some(objective_s) = slo {
                 e = e.with_slo(SloPolicy {
                     objective_s,
@@ -250,7 +277,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             e.submit(workload(rate, model.cfg.vocab).requests())?;
             let t = Instant::now();
             e.run(|_| {})?;
-            Ok((e, t.elapsed().as_secs_f64()))
+            Result::Ok((e, t.elapsed().as_secs_f64()))
         };
         bar.set_message(format!("{name}: saturated capacity"));
         let (burst, _) = serve(
@@ -259,29 +286,33 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             },
             0.0,
             None,
+            None,
         )?;
         let capacity = summarise(&burst.finished, None).completed_rps;
         let mut step_times: Vec<f64> = burst.steps.iter().map(|s| s.seconds).collect();
         let step_median = percentile(&mut step_times, 0.5);
         bar.inc(1);
         // A run without preemption does not depend on the objective: run once, judge per slo.
-        let mut plain: HashMap<(String, u64), (Engine, f64)> = HashMap::new();
-        for (load, label, mode, preempt, slo) in &points {
-            let k = key(*load, label, preempt, *slo);
+        let mut plain: HashMap<(String, u64, String), (Engine, f64)> = HashMap::new();
+        for (load, label, mode, preempt, slo, sp) in &points {
+            let k = key(*load, label, preempt, *slo, &sp.0);
             if !run.owns(&k) {
                 continue;
             }
-            bar.set_message(format!("{name} {label} load {load} preempt {preempt}"));
+            bar.set_message(format!(
+                "{name} {label} load {load} preempt {preempt} spec {}",
+                sp.0
+            ));
             let rate = load * capacity;
             let objective = slo.map(|x| x * step_median);
             let fresh;
             let (e, busy) = if preempt == "slo" {
-                fresh = serve(*mode, rate, objective)?;
+                fresh = serve(*mode, rate, objective, sp.1)?;
                 (&fresh.0, fresh.1)
             } else {
-                let id = (label.clone(), load.to_bits());
+                let id = (label.clone(), load.to_bits(), sp.0.clone());
                 if !plain.contains_key(&id) {
-                    plain.insert(id.clone(), serve(*mode, rate, None)?);
+                    plain.insert(id.clone(), serve(*mode, rate, None, sp.1)?);
                 }
                 let (e, busy) = &plain[&id];
                 (e, *busy)
@@ -335,6 +366,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     }),
                     steps: e.steps.len(),
                     busy_s: busy,
+                    spec: sp.0.clone(),
+                    spec_acceptance: sp.1.map(|_| e.spec_stats.acceptance_rate()),
                 },
                 note: String::new(),
             };
