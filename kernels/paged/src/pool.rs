@@ -95,6 +95,15 @@ impl KvPool {
     pub fn dtype(&self) -> DType {
         self.k.dtype()
     }
+
+    /// Checks the geometry and that K and V share one dtype and hold exactly the layout's
+    /// elements (the fields are public: a kernel indexing by the layout must not trust them).
+    pub fn validate(&self) -> Result<()> {
+        self.layout.validate()?;
+        let n = self.layout.num_blocks * self.layout.block_elems();
+        self.k.expect("pool K", self.dtype(), n)?;
+        self.v.expect("pool V", self.dtype(), n)
+    }
 }
 
 /// The sequences of one batch: context length and block table of each.

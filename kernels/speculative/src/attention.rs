@@ -83,6 +83,7 @@ pub(crate) fn check(
         tree,
         nodes,
     } = *at;
+    pool.validate()?;
     let l = pool.layout;
     let bad = |m: String| Err(KernelError::InvalidShape(m));
     if shape.kv_heads != l.kv_heads || shape.head_dim != l.head_dim {

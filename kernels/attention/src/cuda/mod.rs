@@ -3,7 +3,8 @@
 //! `attention.cu` by NVRTC at first use; both take the shape's sliding window (flash2 starts
 //! its key loop at a block's window start) and logit soft-cap. Host side: launch plans (pure, unit-tested on the
 //! CPU) and the `AttentionKernel` implementations that upload in `prepare`, launch in `run`
-//! and time with CUDA events.
+//! and time with CUDA events. `prepare` checks the inputs' lengths against the shape, the plan
+//! and every `int` argument (`kernel_args`) before it asks for the device.
 
 use crate::{AttentionInputs, AttentionKernel, AttentionShape, PreparedAttention};
 use kernel_common::error::Result;
@@ -45,6 +46,9 @@ pub const FLASH2_THREADS: usize = 128;
 const SCORES_THREADS: usize = 128;
 /// Head dims the tensor-core kernels are instantiated for.
 pub const CUDA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// The longest q_len or kv_len the kernels take: they hold positions in an `int` and add up
+/// to a tile (a 128-key score block, a 64-key tile plus its lanes) to one.
+pub const MAX_DEVICE_LEN: usize = i32::MAX as usize - 128;
 
 /// Which CUDA algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,9 +75,47 @@ pub struct AttentionPlan {
     pub workspace_bytes: usize,
 }
 
-/// Plans one call of `algo` on `shape` in `dtype`, or says why it cannot run.
+/// The kernels' `int` arguments of one shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelArgs {
+    pub q_heads: i32,
+    pub kv_heads: i32,
+    pub q_len: i32,
+    pub kv_len: i32,
+    pub head_dim: i32,
+    /// The window clamped to kv_len (0 = none) and the soft-cap (0 = none).
+    pub window: i32,
+    pub softcap: f32,
+}
+
+/// The shape's sizes as the kernels' `int`s, or why one does not fit: each size, and q_len
+/// and kv_len with the tile the kernels add to a position (`MAX_DEVICE_LEN`).
+pub fn kernel_args(shape: &AttentionShape) -> Result<KernelArgs> {
+    for (name, len) in [("q_len", shape.q_len), ("kv_len", shape.kv_len)] {
+        if len > MAX_DEVICE_LEN {
+            return Err(KernelError::Unsupported(format!(
+                "CUDA attention: {name} {len} exceeds the kernels' int positions \
+                 (≤ {MAX_DEVICE_LEN})"
+            )));
+        }
+    }
+    let (window, softcap) = device_options(shape.window, shape.softcap, shape.kv_len)?;
+    Ok(KernelArgs {
+        q_heads: int_arg("q_heads", shape.q_heads)?,
+        kv_heads: int_arg("kv_heads", shape.kv_heads)?,
+        q_len: int_arg("q_len", shape.q_len)?,
+        kv_len: int_arg("kv_len", shape.kv_len)?,
+        head_dim: int_arg("head_dim", shape.head_dim)?,
+        window,
+        softcap,
+    })
+}
+
+/// Plans one call of `algo` on `shape` in `dtype`, or says why it cannot run (the shape's
+/// validation, the kernels' limits, `kernel_args`, the grids).
 pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<AttentionPlan> {
     shape.validate()?;
+    kernel_args(shape)?;
     let unsupported = |m: String| Err(KernelError::Unsupported(m));
     let dt = dtype_suffix(dtype);
     let heads = shape.batch * shape.q_heads;
@@ -119,6 +161,15 @@ pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<Atte
                 ));
             }
             let rows = heads * shape.q_len;
+            let Some(workspace_bytes) = rows
+                .checked_mul(shape.kv_len)
+                .and_then(|n| n.checked_mul(4))
+            else {
+                return unsupported(format!(
+                    "cuda_naive: {rows} × {} f32 scores overflow the address space",
+                    shape.kv_len
+                ));
+            };
             let scores = Launch::new(
                 (blocks_for(shape.kv_len, SCORES_THREADS), shape.q_len, heads),
                 SCORES_THREADS,
@@ -141,7 +192,7 @@ pub fn plan(algo: CudaAlgo, shape: &AttentionShape, dtype: DType) -> Result<Atte
                         launch: pv,
                     },
                 ],
-                workspace_bytes: rows * shape.kv_len * 4,
+                workspace_bytes,
             })
         }
     }
@@ -209,6 +260,7 @@ impl AttentionKernel for CudaAttention {
         inputs.check(shape)?;
         let dtype = inputs.dtype();
         let plan = plan(self.algo, shape, dtype)?;
+        let args = kernel_args(shape)?;
         let rt = CudaRuntime::current()?;
         let functions = plan
             .launches
@@ -225,6 +277,7 @@ impl AttentionKernel for CudaAttention {
             plan,
             functions,
             shape: *shape,
+            args,
         }))
     }
 }
@@ -234,6 +287,8 @@ struct PreparedCuda {
     plan: AttentionPlan,
     functions: Vec<kernel_cuda::cudarc::driver::CudaFunction>,
     shape: AttentionShape,
+    /// The `int` arguments, checked before the device was asked for.
+    args: KernelArgs,
     q: DeviceBuffer,
     k: DeviceBuffer,
     v: DeviceBuffer,
@@ -244,15 +299,17 @@ struct PreparedCuda {
 impl PreparedCuda {
     fn launch_all(&mut self) -> Result<()> {
         let s = &self.shape;
-        let (hq, hkv) = (
-            int_arg("q_heads", s.q_heads)?,
-            int_arg("kv_heads", s.kv_heads)?,
-        );
-        let (lq, lk) = (int_arg("q_len", s.q_len)?, int_arg("kv_len", s.kv_len)?);
-        let d = int_arg("head_dim", s.head_dim)?;
+        let KernelArgs {
+            q_heads: hq,
+            kv_heads: hkv,
+            q_len: lq,
+            kv_len: lk,
+            head_dim: d,
+            window,
+            softcap,
+        } = self.args;
         let causal = s.causal as i32;
         let scale = s.scale;
-        let (window, softcap) = device_options(s.window, s.softcap, s.kv_len)?;
         let rt = &self.rt;
         for (planned, f) in self.plan.launches.iter().zip(&self.functions) {
             let l = planned.launch;
@@ -361,5 +418,58 @@ mod tests {
         assert_eq!(p.launches[1].launch.grid.0, 30); // 120 rows, 4 warps a block
         assert_eq!(p.launches[2].launch.grid.0, 120);
         assert_eq!(p.workspace_bytes, 120 * 300 * 4);
+    }
+
+    #[test]
+    fn bad_lengths_and_sizes_are_refused_before_any_launch() {
+        // Positions past the kernels' ints: refused by the plan (and so by `supports`).
+        let long = AttentionShape::new(1, 1, 1, 1, MAX_DEVICE_LEN + 1, 64, false);
+        for algo in [CudaAlgo::Naive, CudaAlgo::Flash2, CudaAlgo::Flash2Pipelined] {
+            let e = plan(algo, &long, DType::F16).unwrap_err();
+            assert!(matches!(e, KernelError::Unsupported(_)), "{e}");
+            assert!(e.to_string().contains("kv_len 2147483520"), "{e}");
+        }
+        let e = CudaAttention {
+            algo: CudaAlgo::Flash2,
+        }
+        .supports(&long, DType::F16, Device::Cuda(0))
+        .unwrap_err();
+        assert!(e.to_string().contains("int positions"), "{e}");
+        assert_eq!(
+            kernel_args(&AttentionShape::new(2, 8, 2, 3, 40, 64, true).with_window(Some(100)))
+                .unwrap(),
+            KernelArgs {
+                q_heads: 8,
+                kv_heads: 2,
+                q_len: 3,
+                kv_len: 40,
+                head_dim: 64,
+                window: 40,
+                softcap: 0.0,
+            }
+        );
+        // Inputs that do not match the shape: refused by `prepare` without a device.
+        let s = AttentionShape::new(1, 2, 1, 4, 8, 64, true);
+        let good = AttentionInputs::random(&s, DType::F16, 1);
+        let prepare = |inputs: &AttentionInputs| {
+            let kernel = CudaAttention {
+                algo: CudaAlgo::Flash2,
+            };
+            let Err(e) = kernel.prepare(&s, inputs) else {
+                panic!("accepted")
+            };
+            assert!(matches!(e, KernelError::BadBuffer(_)), "{e}");
+            e.to_string()
+        };
+        let short_k = AttentionInputs {
+            k: Buffer::F16(vec![half::f16::ZERO; 8 * 64 - 1]),
+            ..good.clone()
+        };
+        assert!(prepare(&short_k).contains("k has 511 elements, the shape needs 512"));
+        let f32_v = AttentionInputs {
+            v: Buffer::F32(vec![0.0; 8 * 64]),
+            ..good.clone()
+        };
+        assert!(prepare(&f32_v).contains("v is f32"));
     }
 }

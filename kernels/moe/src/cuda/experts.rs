@@ -4,7 +4,9 @@
 //! down, combine). The host plans the grouped layout (`plan_grouped`: kept assignments
 //! sorted by expert, each expert's rows padded to whole tiles, the tile → expert table, the
 //! per-token rows and weights of the combine); `DeviceExperts` holds the weights transposed
-//! per expert so both MMA operands run along the reduction.
+//! per expert so both MMA operands run along the reduction. Every index the kernels follow —
+//! rows' tokens, tiles' experts, the combine's token starts and rows — and every `int` size is
+//! checked on the host (`check_plan`, `check_batch`, `layer_args`) before the device is used.
 
 use crate::config::MoeConfig;
 use crate::decision::Routing;
@@ -114,6 +116,86 @@ pub fn plan_grouped(cfg: &MoeConfig, routing: &Routing) -> Result<GroupedPlan> {
     })
 }
 
+/// Checks what the kernels index with in `plan`, made for `cfg`'s batch: whole tiles of
+/// rows, each row a token in 0..tokens or −1 (padding), each tile's expert in 0..experts,
+/// tokens + 1 ascending token starts from 0 to the number of combine rows, one weight per
+/// combine row, and each combine row a padded row that holds its token. `plan_grouped`
+/// builds plans that pass; the kernels read x, the weights, h and y at these indices unchecked.
+pub fn check_plan(cfg: &MoeConfig, plan: &GroupedPlan) -> Result<()> {
+    let bad = |m: String| Err(KernelError::BadBuffer(m));
+    if plan.rows.len() != plan.tiles() * TILE_ROWS {
+        return bad(format!(
+            "grouped plan: {} rows for {} tiles of {TILE_ROWS}",
+            plan.rows.len(),
+            plan.tiles()
+        ));
+    }
+    if let Some((r, t)) = plan
+        .rows
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t < -1 || (t >= 0 && t as usize >= cfg.tokens))
+    {
+        return bad(format!(
+            "grouped plan: row {r} holds token {t}, neither -1 (padding) nor in 0..{}",
+            cfg.tokens
+        ));
+    }
+    if let Some((i, e)) = plan
+        .tile_expert
+        .iter()
+        .enumerate()
+        .find(|(_, &e)| e < 0 || e as usize >= cfg.experts)
+    {
+        return bad(format!(
+            "grouped plan: tile {i} names expert {e}, outside 0..{}",
+            cfg.experts
+        ));
+    }
+    let starts = &plan.token_starts;
+    if starts.len() != cfg.tokens + 1
+        || starts[0] != 0
+        || starts.windows(2).any(|w| w[0] > w[1])
+        || starts[cfg.tokens] as usize != plan.token_rows.len()
+        || plan.token_weights.len() != plan.token_rows.len()
+    {
+        return bad(format!(
+            "grouped plan: {} token starts (want tokens + 1 = {}, ascending from 0 to the {} \
+             combine rows) and {} weights",
+            starts.len(),
+            cfg.tokens + 1,
+            plan.token_rows.len(),
+            plan.token_weights.len()
+        ));
+    }
+    for t in 0..cfg.tokens {
+        for i in starts[t] as usize..starts[t + 1] as usize {
+            let r = plan.token_rows[i];
+            if r < 0 || r as usize >= plan.rows.len() || plan.rows[r as usize] != t as i32 {
+                return bad(format!(
+                    "grouped plan: token {t}'s combine row {i} is padded row {r}, which does \
+                     not hold it ({} rows)",
+                    plan.rows.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// d_model and d_ff as the kernels' `int` arguments, each with the 64-column tile the kernels
+/// add to a column (`n0 + r`, `k0 + col`) still inside an `int`.
+pub fn layer_args(cfg: &MoeConfig) -> Result<(i32, i32)> {
+    let arg = |name: &str, n: usize| {
+        int_arg(
+            &format!("{name} + a {TILE_COLS}-column tile"),
+            n + TILE_COLS,
+        )?;
+        int_arg(name, n)
+    };
+    Ok((arg("d_model", cfg.d_model)?, arg("d_ff", cfg.d_ff)?))
+}
+
 /// The three launches: gate+up over d_ff columns, down over d_model columns (None when no
 /// assignment was kept), combine over tokens.
 pub fn plan_launches(cfg: &MoeConfig, plan: &GroupedPlan) -> Result<[Option<Launch>; 3]> {
@@ -161,6 +243,7 @@ impl DeviceExperts {
     pub fn upload(cfg: &MoeConfig, w: &MoeWeights, dtype: DType) -> Result<DeviceExperts> {
         check_storage(dtype)?;
         cfg.validate()?;
+        layer_args(cfg)?;
         w.check(cfg)?;
         let rt = CudaRuntime::current()?;
         let (d, f, e) = (cfg.d_model, cfg.d_ff, cfg.experts);
@@ -181,33 +264,22 @@ impl DeviceExperts {
     }
 
     /// Uploads `x` (rounded to the storage type) and the grouped layout of `routing` (made
-    /// under `cfg`: any convention of the layer the weights were uploaded for); the output
-    /// starts NaN-poisoned.
+    /// under `cfg`: any convention of the layer the weights were uploaded for; checked by
+    /// `check_batch` first); the output starts NaN-poisoned.
     pub fn batch(&self, cfg: &MoeConfig, x: &[f32], routing: &Routing) -> Result<DeviceBatch<'_>> {
-        let l = &self.layer;
-        if (cfg.d_model, cfg.d_ff, cfg.experts) != (l.d_model, l.d_ff, l.experts) {
-            return Err(KernelError::InvalidShape(format!(
-                "a batch of {} for experts uploaded as {}",
-                cfg.label(),
-                l.label()
-            )));
-        }
-        if x.len() != cfg.tokens * cfg.d_model {
-            return Err(KernelError::BadBuffer(format!(
-                "x has {} values, want tokens × d_model = {}",
-                x.len(),
-                cfg.tokens * cfg.d_model
-            )));
-        }
-        let plan = plan_grouped(cfg, routing)?;
-        let launches = plan_launches(cfg, &plan)?;
+        let BatchPlan {
+            plan,
+            launches,
+            d_model,
+            d_ff,
+        } = check_batch(&self.layer, cfg, x, routing)?;
         let rt = &self.rt;
         let ints = |v: &[i32]| rt.upload(&i32_bytes(if v.is_empty() { &[0][..] } else { v }));
         let suffix = dtype_suffix(self.dtype);
         let padded = plan.rows.len();
         Ok(DeviceBatch {
-            d_model: int_arg("d_model", cfg.d_model)?,
-            d_ff: int_arg("d_ff", cfg.d_ff)?,
+            d_model,
+            d_ff,
             functions: [
                 rt.function(&SOURCE, &format!("moe_up_{suffix}"))?,
                 rt.function(&SOURCE, &format!("moe_down_{suffix}"))?,
@@ -226,6 +298,52 @@ impl DeviceExperts {
             experts: self,
         })
     }
+}
+
+/// What a batch launches with, checked on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchPlan {
+    pub plan: GroupedPlan,
+    pub launches: [Option<Launch>; 3],
+    pub d_model: i32,
+    pub d_ff: i32,
+}
+
+/// Checks a batch before anything touches the device: `cfg` has the sizes of `layer` (the
+/// weights on the device), x is `[tokens, d_model]`, `routing` describes `cfg`'s batch
+/// (`plan_grouped` → `Routing::check`), its grouped plan passes `check_plan`, the grids fit
+/// and d_model, d_ff are `int`s (`layer_args`).
+pub fn check_batch(
+    layer: &MoeConfig,
+    cfg: &MoeConfig,
+    x: &[f32],
+    routing: &Routing,
+) -> Result<BatchPlan> {
+    let l = layer;
+    if (cfg.d_model, cfg.d_ff, cfg.experts) != (l.d_model, l.d_ff, l.experts) {
+        return Err(KernelError::InvalidShape(format!(
+            "a batch of {} for experts uploaded as {}",
+            cfg.label(),
+            l.label()
+        )));
+    }
+    if x.len() != cfg.tokens * cfg.d_model {
+        return Err(KernelError::BadBuffer(format!(
+            "x has {} values, want tokens × d_model = {}",
+            x.len(),
+            cfg.tokens * cfg.d_model
+        )));
+    }
+    let (d_model, d_ff) = layer_args(cfg)?;
+    let plan = plan_grouped(cfg, routing)?;
+    check_plan(cfg, &plan)?;
+    let launches = plan_launches(cfg, &plan)?;
+    Ok(BatchPlan {
+        plan,
+        launches,
+        d_model,
+        d_ff,
+    })
 }
 
 /// One routed batch resident on the device, ready to launch.
@@ -378,5 +496,101 @@ mod tests {
             transpose_each(&w, 2, 2, 3),
             vec![0., 3., 1., 4., 2., 5., 6., 9., 7., 10., 8., 11.]
         );
+    }
+
+    #[test]
+    fn bad_plans_and_batches_are_refused_before_any_launch() {
+        // 3 tokens, top-1 of 2 experts, dropless: tokens 0 and 2 to expert 1, token 1 to 0.
+        let cfg = MoeConfig::token_choice(
+            3,
+            8,
+            16,
+            2,
+            1,
+            Priority::TokenOrder,
+            WeightNorm::Raw,
+            Capacity::Dropless,
+        );
+        let routing = select(&cfg, vec![0.3, 0.7, 0.6, 0.4, 0.2, 0.8]);
+        let x = vec![0.5f32; 3 * 8];
+        let b = check_batch(&cfg, &cfg, &x, &routing).unwrap();
+        let plan = b.plan.clone();
+        assert_eq!((b.d_model, b.d_ff), (8, 16));
+        assert_eq!(plan.tile_expert, vec![0, 1]);
+        assert_eq!(&plan.rows[..1], &[1]);
+        assert_eq!(&plan.rows[64..66], &[0, 2]);
+        assert_eq!(plan.token_rows, vec![64, 0, 65]);
+        check_plan(&cfg, &plan).unwrap();
+        let refused = |p: &GroupedPlan| {
+            let e = check_plan(&cfg, p).unwrap_err();
+            assert!(matches!(e, KernelError::BadBuffer(_)), "{e}");
+            e.to_string()
+        };
+        let with = |f: &dyn Fn(&mut GroupedPlan)| {
+            let mut p = plan.clone();
+            f(&mut p);
+            p
+        };
+        let e = refused(&with(&|p| p.rows[5] = 3));
+        assert!(e.contains("row 5 holds token 3"), "{e}");
+        let e = refused(&with(&|p| p.rows[5] = -2));
+        assert!(e.contains("row 5 holds token -2"), "{e}");
+        let e = refused(&with(&|p| {
+            p.rows.pop();
+        }));
+        assert!(e.contains("127 rows for 2 tiles"), "{e}");
+        let e = refused(&with(&|p| p.tile_expert[1] = 2));
+        assert!(e.contains("tile 1 names expert 2"), "{e}");
+        let e = refused(&with(&|p| p.tile_expert[0] = -1));
+        assert!(e.contains("tile 0 names expert -1"), "{e}");
+        let e = refused(&with(&|p| p.token_starts[3] = 4));
+        assert!(e.contains("token starts"), "{e}");
+        let e = refused(&with(&|p| p.token_starts = vec![0, 2, 1, 3]));
+        assert!(e.contains("ascending"), "{e}");
+        let e = refused(&with(&|p| p.token_weights.push(1.0)));
+        assert!(e.contains("and 4 weights"), "{e}");
+        let e = refused(&with(&|p| p.token_rows[2] = 128));
+        assert!(
+            e.contains("token 2's combine row 2 is padded row 128"),
+            "{e}"
+        );
+        let e = refused(&with(&|p| p.token_rows[2] = 66));
+        assert!(e.contains("padded row 66, which does not hold it"), "{e}");
+        // Batches: the layer's sizes, x's length, a routing of another batch or out of range.
+        let other = MoeConfig { d_ff: 32, ..cfg };
+        let e = check_batch(&other, &cfg, &x, &routing).unwrap_err();
+        assert!(e.to_string().contains("for experts uploaded as"), "{e}");
+        let e = check_batch(&cfg, &cfg, &x[1..], &routing).unwrap_err();
+        assert!(e.to_string().contains("x has 23 values"), "{e}");
+        let mut wrong = routing.clone();
+        wrong.assignments[1].expert = 2;
+        let e = check_batch(&cfg, &cfg, &x, &wrong).unwrap_err();
+        assert!(e.to_string().contains("of 2 experts"), "{e}");
+        let mut wrong = routing.clone();
+        wrong.starts[1] = 2;
+        let e = check_batch(&cfg, &cfg, &x, &wrong).unwrap_err();
+        assert!(e.to_string().contains("filed under token 0"), "{e}");
+        // Sizes past the kernels' ints, refused by the upload before it asks for a device.
+        let wide = MoeConfig {
+            d_model: i32::MAX as usize - 10,
+            ..cfg
+        };
+        let e = layer_args(&wide).unwrap_err();
+        assert!(e.to_string().contains("d_model + a 64-column tile"), "{e}");
+        let none = MoeWeights {
+            router: vec![],
+            bias: vec![],
+            w_gate: vec![],
+            w_up: vec![],
+            w_down: vec![],
+        };
+        let Err(e) = DeviceExperts::upload(&wide, &none, DType::F16) else {
+            panic!("accepted")
+        };
+        assert!(e.to_string().contains("d_model + a 64-column tile"), "{e}");
+        let Err(e) = DeviceExperts::upload(&cfg, &none, DType::F16) else {
+            panic!("accepted")
+        };
+        assert!(e.to_string().contains("router W_gate"), "{e}");
     }
 }

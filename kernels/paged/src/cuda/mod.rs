@@ -3,7 +3,10 @@
 //! shape's sliding window (partitions over the positions the window reaches) and soft-cap.
 //! The launch plan (warps per block, row chunks, partitions, grids, scratch sizes) is pure and
 //! unit-tested on the CPU; `paged_decode_cuda`/`paged_append_cuda` run one call on the device
-//! and `CudaPaged` (`cuda_paged:bs=..,split=..`) stands beside `paged` in experiments.
+//! and `CudaPaged` (`cuda_paged:bs=..,split=..`) stands beside `paged` in experiments. What the
+//! kernels index with — block tables and their entries, context lengths, slots, the pool's
+//! buffers, every `int` argument — is checked on the host before the device is asked for
+//! (`DeviceDecode::new`, `check_append`), so a bad input is an error, not a stray access.
 
 use crate::adapter::{decode_shape, experiment_pool, paged_cost, require_causal, variant_name};
 use crate::decode::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
@@ -169,6 +172,73 @@ pub fn flat_tables(tables: &[Vec<u32>]) -> (Vec<i32>, usize) {
     (flat, width)
 }
 
+/// The SM count `DeviceDecode::new` plans with before it asks for the device (H200's, as
+/// `CudaPaged::supports`): every check of `plan_decode` but the automatic split's partition
+/// count is independent of it.
+const NOMINAL_SMS: usize = 132;
+
+/// The most context positions the decode kernel's `int` arithmetic takes: it adds a
+/// partition (up to a whole context) and a step of keys to a position.
+pub const MAX_DEVICE_CONTEXT: usize = (i32::MAX as usize - 8) / 2;
+
+/// The decode kernels' `int` arguments that do not depend on the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DecodeArgs {
+    batch: i32,
+    q_heads: i32,
+    kv_heads: i32,
+    q_len: i32,
+    block_size: i32,
+    max_blocks: i32,
+    head_dim: i32,
+    /// The window (clamped to the longest context; 0 = none).
+    window: i32,
+}
+
+/// Checks, before anything touches the device, what the decode kernels index with: the
+/// shape against the pool and the batch (`PagedDecodeShape::validate`: every block table
+/// covers its context with entries inside the pool, contexts ≥ q_len), the pool's K and V
+/// against its layout, q's length, and every size and position the kernels hold in an
+/// `int` (block ids, table width, context lengths with the kernel's headroom). Returns the
+/// kernels' arguments, the flat block tables and the context lengths as the kernel reads them.
+fn check_decode(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    pool: &KvPool,
+    q: &Buffer,
+) -> Result<(DecodeArgs, Vec<i32>, Vec<i32>)> {
+    shape.validate(&pool.layout, batch)?;
+    let l = pool.layout;
+    int_arg("num_blocks (block ids)", l.num_blocks)?;
+    let longest = batch.context_lens.iter().copied().max().unwrap_or(0);
+    if longest > MAX_DEVICE_CONTEXT {
+        return Err(KernelError::Unsupported(format!(
+            "cuda_paged: context length {longest} exceeds the kernel's int positions \
+             (≤ {MAX_DEVICE_CONTEXT})"
+        )));
+    }
+    pool.validate()?;
+    q.expect("q", pool.dtype(), shape.q_elems(batch.len()))?;
+    // Entries past a table's coverage (and the padding) are never read; the rest are < num_blocks.
+    let (tables, width) = flat_tables(&batch.block_tables);
+    let lens = batch
+        .context_lens
+        .iter()
+        .map(|&l| int_arg("context length", l))
+        .collect::<Result<_>>()?;
+    let args = DecodeArgs {
+        batch: int_arg("batch", batch.len())?,
+        q_heads: int_arg("q_heads", shape.q_heads)?,
+        kv_heads: int_arg("kv_heads", shape.kv_heads)?,
+        q_len: int_arg("q_len", shape.q_len)?,
+        block_size: int_arg("block_size", l.block_size)?,
+        max_blocks: int_arg("block table width", width)?,
+        head_dim: int_arg("head_dim", shape.head_dim)?,
+        window: device_options(shape.window, shape.softcap, longest.max(1))?.0,
+    };
+    Ok((args, tables, lens))
+}
+
 /// A decode problem resident on the device.
 pub struct DeviceDecode {
     rt: Arc<CudaRuntime>,
@@ -176,9 +246,6 @@ pub struct DeviceDecode {
     decode_fn: CudaFunction,
     reduce_fn: Option<CudaFunction>,
     shape: PagedDecodeShape,
-    layout: PoolLayout,
-    batch: usize,
-    max_blocks: usize,
     k: DeviceBuffer,
     v: DeviceBuffer,
     tables: CudaSlice<u8>,
@@ -187,13 +254,17 @@ pub struct DeviceDecode {
     pub out: DeviceBuffer,
     part_o: CudaSlice<u8>,
     part_lse: CudaSlice<u8>,
-    /// The window and soft-cap as kernel arguments (0 = none).
-    window: i32,
+    /// The kernels' int arguments, checked before the device was asked for.
+    args: DecodeArgs,
+    /// The plan's partition length and row chunks as int arguments.
+    part_tokens: i32,
+    row_chunks: i32,
     softcap: f32,
 }
 
 impl DeviceDecode {
-    /// Uploads the pool, tables, lengths and queries; allocates a NaN-poisoned output.
+    /// Checks the problem on the host (`check_decode`, then the launch plan), uploads the
+    /// pool, tables, lengths and queries and allocates a NaN-poisoned output.
     pub fn new(
         shape: &PagedDecodeShape,
         batch: &PagedBatch,
@@ -202,9 +273,16 @@ impl DeviceDecode {
         split: SplitKv,
         unroll: usize,
     ) -> Result<DeviceDecode> {
-        shape.validate(&pool.layout, batch)?;
+        let (args, tables, lens) = check_decode(shape, batch, pool, q)?;
         let dtype = pool.dtype();
-        q.expect("q", dtype, shape.q_elems(batch.len()))?;
+        plan_decode(
+            shape,
+            &batch.context_lens,
+            dtype,
+            split,
+            unroll,
+            NOMINAL_SMS,
+        )?;
         let rt = CudaRuntime::current()?;
         let plan = plan_decode(
             shape,
@@ -219,14 +297,6 @@ impl DeviceDecode {
             Some((entry, _)) => Some(rt.function(&SOURCE, entry)?),
             None => None,
         };
-        let (tables, max_blocks) = flat_tables(&batch.block_tables);
-        let lens: Vec<i32> = batch
-            .context_lens
-            .iter()
-            .map(|&l| int_arg("context length", l))
-            .collect::<Result<_>>()?;
-        let max_ctx = batch.context_lens.iter().copied().max().unwrap_or(1);
-        let (window, softcap) = device_options(shape.window, shape.softcap, max_ctx)?;
         Ok(DeviceDecode {
             k: DeviceBuffer::upload(&rt, &pool.k)?,
             v: DeviceBuffer::upload(&rt, &pool.v)?,
@@ -236,12 +306,11 @@ impl DeviceDecode {
             out: DeviceBuffer::poisoned(&rt, dtype, shape.q_elems(batch.len()))?,
             part_o: rt.zeros::<u8>(plan.partial_elems * 4)?,
             part_lse: rt.zeros::<u8>(plan.lse_elems * 4)?,
-            window,
-            softcap,
+            args,
+            part_tokens: int_arg("part_tokens", plan.part_tokens)?,
+            row_chunks: int_arg("row_chunks", plan.row_chunks)?,
+            softcap: shape.softcap.unwrap_or(0.0),
             shape: *shape,
-            layout: pool.layout,
-            batch: batch.len(),
-            max_blocks,
             plan,
             decode_fn,
             reduce_fn,
@@ -256,19 +325,9 @@ impl DeviceDecode {
 
     /// Queues the decode (and the reduction) on the stream.
     pub fn launch(&mut self) -> Result<()> {
-        let s = &self.shape;
-        let batch = int_arg("batch", self.batch)?;
-        let (hq, hkv) = (
-            int_arg("q_heads", s.q_heads)?,
-            int_arg("kv_heads", s.kv_heads)?,
-        );
-        let q_len = int_arg("q_len", s.q_len)?;
-        let bs = int_arg("block_size", self.layout.block_size)?;
-        let max_blocks = int_arg("max_blocks", self.max_blocks)?;
-        let part_tokens = int_arg("part_tokens", self.plan.part_tokens)?;
-        let row_chunks = int_arg("row_chunks", self.plan.row_chunks)?;
-        let d = int_arg("head_dim", s.head_dim)?;
-        let scale = s.scale;
+        let a = self.args;
+        let (part_tokens, row_chunks) = (self.part_tokens, self.row_chunks);
+        let (scale, window) = (self.shape.scale, a.window);
         let rt = &self.rt;
         cuda_launch!(
             rt,
@@ -282,16 +341,16 @@ impl DeviceDecode {
             &mut self.out.bytes,
             &mut self.part_o,
             &mut self.part_lse,
-            &batch,
-            &hq,
-            &hkv,
-            &q_len,
-            &bs,
-            &max_blocks,
+            &a.batch,
+            &a.q_heads,
+            &a.kv_heads,
+            &a.q_len,
+            &a.block_size,
+            &a.max_blocks,
             &part_tokens,
             &row_chunks,
             &scale,
-            &self.window,
+            &window,
             &self.softcap
         )?;
         if let (Some(f), Some((_, l))) = (&self.reduce_fn, &self.plan.reduce) {
@@ -303,12 +362,12 @@ impl DeviceDecode {
                 &self.part_lse,
                 &self.ctx,
                 &mut self.out.bytes,
-                &batch,
-                &hq,
-                &q_len,
-                &d,
+                &a.batch,
+                &a.q_heads,
+                &a.q_len,
+                &a.head_dim,
                 &part_tokens,
-                &self.window
+                &window
             )?;
         }
         Ok(())
@@ -341,6 +400,7 @@ pub fn paged_decode_cuda(
 
 /// Pool slots (`block · block_size + offset`) of positions `start..start+n` of a sequence.
 pub fn slots(layout: &PoolLayout, table: &[u32], start: usize, n: usize) -> Result<Vec<i32>> {
+    layout.validate()?;
     (start..start + n)
         .map(|pos| {
             let block = table.get(pos / layout.block_size).ok_or_else(|| {
@@ -354,42 +414,73 @@ pub fn slots(layout: &PoolLayout, table: &[u32], start: usize, n: usize) -> Resu
         .collect()
 }
 
-/// Appends tokens on the device: `k_new`/`v_new` are `[tokens, kv_heads, d]` (vLLM's
-/// `reshape_and_cache` layout) and `slots[t]` their pool slots (negative: skipped). Uploads
-/// the pool, appends, downloads it back into `pool`.
-pub fn paged_append_cuda(
-    pool: &mut KvPool,
+/// Checks, before anything touches the device, what the append kernel indexes with: the
+/// pool against its layout, `k_new`/`v_new` as `[slots, kv_heads, d]` in the pool's dtype,
+/// every slot negative (skipped) or inside the pool and none written twice (two blocks would
+/// race on it), and the kernel's `int` sizes. Returns its launch and `int` arguments
+/// (kv_heads, head_dim, block_size).
+pub fn check_append(
+    pool: &KvPool,
     slots: &[i32],
     k_new: &Buffer,
     v_new: &Buffer,
-) -> Result<()> {
+) -> Result<(Launch, [i32; 3])> {
+    pool.validate()?;
     let l = pool.layout;
     let dtype = pool.dtype();
     let per_token = l.kv_heads * l.head_dim;
     k_new.expect("k_new", dtype, slots.len() * per_token)?;
     v_new.expect("v_new", dtype, slots.len() * per_token)?;
     let capacity = l.num_blocks * l.block_size;
-    if let Some(s) = slots.iter().find(|&&s| s >= 0 && s as usize >= capacity) {
-        return Err(KernelError::BadBuffer(format!(
-            "slot {s} is outside a pool of {capacity} slots"
-        )));
+    let mut written = std::collections::HashMap::with_capacity(slots.len());
+    for (t, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
+        }
+        if s as usize >= capacity {
+            return Err(KernelError::BadBuffer(format!(
+                "token {t}: slot {s} is outside a pool of {capacity} slots"
+            )));
+        }
+        if let Some(first) = written.insert(s, t) {
+            return Err(KernelError::BadBuffer(format!(
+                "slot {s} is written twice (tokens {first} and {t})"
+            )));
+        }
     }
+    int_arg("kv_heads·head_dim", per_token)?;
+    let launch = Launch::new((slots.len().max(1), 1, 1), 128, 0)?;
+    Ok((
+        launch,
+        [
+            int_arg("kv_heads", l.kv_heads)?,
+            int_arg("head_dim", l.head_dim)?,
+            int_arg("block_size", l.block_size)?,
+        ],
+    ))
+}
+
+/// Appends tokens on the device: `k_new`/`v_new` are `[tokens, kv_heads, d]` (vLLM's
+/// `reshape_and_cache` layout) and `slots[t]` their pool slots (negative: skipped), checked
+/// by `check_append` first. Uploads the pool, appends, downloads it back into `pool`.
+pub fn paged_append_cuda(
+    pool: &mut KvPool,
+    slots: &[i32],
+    k_new: &Buffer,
+    v_new: &Buffer,
+) -> Result<()> {
+    let (launch, [hkv, d, bs]) = check_append(pool, slots, k_new, v_new)?;
     if slots.is_empty() {
         return Ok(());
     }
+    let dtype = pool.dtype();
     let rt = CudaRuntime::current()?;
     let f = rt.function(&SOURCE, &format!("paged_append_{}", dtype_suffix(dtype)))?;
-    let launch = Launch::new((slots.len(), 1, 1), 128, 0)?;
     let mut kp = rt.upload(&buffer_bytes(&pool.k))?;
     let mut vp = rt.upload(&buffer_bytes(&pool.v))?;
     let kn = rt.upload(&buffer_bytes(k_new))?;
     let vn = rt.upload(&buffer_bytes(v_new))?;
     let sl = rt.upload(&i32_bytes(slots))?;
-    let (hkv, d, bs) = (
-        int_arg("kv_heads", l.kv_heads)?,
-        int_arg("head_dim", l.head_dim)?,
-        int_arg("block_size", l.block_size)?,
-    );
     cuda_launch!(rt, f, launch, &kn, &vn, &sl, &mut kp, &mut vp, &hkv, &d, &bs)?;
     rt.sync()?;
     pool.k = buffer_from_bytes(dtype, &rt.download(&kp)?);
@@ -603,5 +694,153 @@ mod tests {
         assert!(slots(&layout, &[5], 2, 4).is_err());
         let (flat, width) = flat_tables(&[vec![3, 1], vec![7]]);
         assert_eq!((flat, width), (vec![3, 1, 7, 0], 2));
+    }
+
+    fn pool(num_blocks: usize, block_size: usize) -> KvPool {
+        let layout = PoolLayout {
+            num_blocks,
+            block_size,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        KvPool::poisoned(layout, DType::F32).unwrap()
+    }
+
+    /// The error text, and that no device was needed to get it.
+    fn refused<T>(r: Result<T>) -> String {
+        let Err(e) = r else { panic!("accepted") };
+        assert!(!matches!(e, KernelError::Device(_)), "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn bad_decode_inputs_are_refused_before_any_launch() {
+        // 4 query heads over 2 KV heads of 64, one new token; pool of 4 blocks of 4.
+        let s = PagedDecodeShape {
+            head_dim: 64,
+            ..shape(4, 2, 1)
+        };
+        let p = pool(4, 4);
+        let batch = PagedBatch {
+            context_lens: vec![5, 3],
+            block_tables: vec![vec![3, 1], vec![0]],
+        };
+        let q = Buffer::F32(vec![0.0; 2 * 4 * 64]);
+        let (a, tables, lens) = check_decode(&s, &batch, &p, &q).unwrap();
+        assert_eq!((a.batch, a.max_blocks, a.block_size), (2, 2, 4));
+        assert_eq!((tables, lens), (vec![3, 1, 0, 0], vec![5, 3]));
+        let decode = |b: &PagedBatch, p: &KvPool, q: &Buffer| {
+            refused(paged_decode_cuda(&s, b, p, q, SplitKv::Off))
+        };
+        let with = |lens: Vec<usize>, tables: Vec<Vec<u32>>| PagedBatch {
+            context_lens: lens,
+            block_tables: tables,
+        };
+        // Block table entries outside the pool; a context past its table's capacity.
+        let e = decode(&with(vec![5, 3], vec![vec![3, 4], vec![0]]), &p, &q);
+        assert!(
+            e.contains("block table entry 4 out of range (pool has 4 blocks)"),
+            "{e}"
+        );
+        let e = decode(&with(vec![5, 9], vec![vec![3, 1], vec![0, 2]]), &p, &q);
+        assert!(e.contains("sequence 1: 9 tokens need 3 blocks"), "{e}");
+        let e = decode(&with(vec![5], vec![vec![3, 1], vec![0]]), &p, &q);
+        assert!(e.contains("1 context lengths but 2 block tables"), "{e}");
+        // The pool's buffers and q against the layout and the shape.
+        let short = KvPool {
+            k: Buffer::F32(vec![0.0; 10]),
+            ..p.clone()
+        };
+        let e = decode(&batch, &short, &q);
+        assert!(e.contains("pool K has 10 elements"), "{e}");
+        let mixed = KvPool {
+            v: Buffer::poisoned(DType::F16, 4 * 2 * 4 * 64),
+            ..p.clone()
+        };
+        let e = decode(&batch, &mixed, &q);
+        assert!(e.contains("pool V is f16"), "{e}");
+        let e = decode(&batch, &p, &Buffer::F32(vec![0.0; 64]));
+        assert!(e.contains("q has 64 elements"), "{e}");
+        // Block ids and context lengths past the kernel's ints.
+        let huge = KvPool {
+            layout: PoolLayout {
+                num_blocks: 1 << 31,
+                block_size: 1,
+                ..p.layout
+            },
+            ..p.clone()
+        };
+        let e = decode(&with(vec![1], vec![vec![0]]), &huge, &q);
+        assert!(e.contains("num_blocks (block ids) = 2147483648"), "{e}");
+        let long = MAX_DEVICE_CONTEXT + 1;
+        let wide = pool(1, 256);
+        let e = decode(
+            &with(vec![long], vec![vec![0; long.div_ceil(256)]]),
+            &wide,
+            &q,
+        );
+        assert!(e.contains(&format!("context length {long}")), "{e}");
+        // The plan's refusals come before the device too: an unroll of 3, a grid of 70 000
+        // one-token partitions.
+        let e = refused(DeviceDecode::new(&s, &batch, &p, &q, SplitKv::Off, 3));
+        assert!(e.contains("unroll"), "{e}");
+        let e = refused(paged_decode_cuda(
+            &s,
+            &with(vec![70_000], vec![vec![0; 70_000usize.div_ceil(256)]]),
+            &wide,
+            &Buffer::F32(vec![0.0; 4 * 64]),
+            SplitKv::Tokens(1),
+        ));
+        assert!(e.contains("exceeds the device limits"), "{e}");
+    }
+
+    #[test]
+    fn bad_append_slots_are_refused_before_any_launch() {
+        // 4 blocks of 4 = 16 slots of 2 KV heads × 64.
+        let mut p = pool(4, 4);
+        let kv = |n: usize| Buffer::F32(vec![0.0; n * 128]);
+        let (launch, args) = check_append(&p, &[0, 5, -1, 15], &kv(4), &kv(4)).unwrap();
+        assert_eq!((launch.grid.0, args), (4, [2, 64, 4]));
+        let append = |p: &mut KvPool, slots: &[i32], k: &Buffer, v: &Buffer| {
+            let r = paged_append_cuda(p, slots, k, v);
+            let bad = matches!(r, Err(KernelError::BadBuffer(_)));
+            let e = refused(r);
+            assert!(bad, "{e}");
+            e
+        };
+        let e = append(&mut p, &[0, 16, -1, 15], &kv(4), &kv(4));
+        assert!(
+            e.contains("token 1: slot 16 is outside a pool of 16 slots"),
+            "{e}"
+        );
+        let e = append(&mut p, &[0, 5, -1, 5], &kv(4), &kv(4));
+        assert!(
+            e.contains("slot 5 is written twice (tokens 1 and 3)"),
+            "{e}"
+        );
+        let e = append(&mut p, &[0, 5, -1, 15], &kv(3), &kv(4));
+        assert!(e.contains("k_new has 384 elements"), "{e}");
+        let half = Buffer::poisoned(DType::F16, 4 * 128);
+        let e = append(&mut p, &[0, 5, -1, 15], &kv(4), &half);
+        assert!(e.contains("v_new is f16"), "{e}");
+        let mut short = KvPool {
+            v: Buffer::F32(vec![0.0; 7]),
+            ..p.clone()
+        };
+        let e = append(&mut short, &[0], &kv(1), &kv(1));
+        assert!(e.contains("pool V has 7 elements"), "{e}");
+        let mut no_blocks = KvPool {
+            layout: PoolLayout {
+                block_size: 0,
+                ..p.layout
+            },
+            ..p.clone()
+        };
+        let e = refused(paged_append_cuda(&mut no_blocks, &[0], &kv(1), &kv(1)));
+        assert!(e.contains("block size 0"), "{e}");
+        // Nothing to append and nothing wrong: no device needed.
+        paged_append_cuda(&mut p, &[], &kv(0), &kv(0)).unwrap();
+        let e = refused(slots(&no_blocks.layout, &[0], 0, 1));
+        assert!(e.contains("block size 0"), "{e}");
     }
 }

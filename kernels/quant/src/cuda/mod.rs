@@ -1,6 +1,7 @@
 //! CUDA dequantising GEMV / skinny GEMM (Y = X·Wᵀ, batch ≤ 8) for f16 (the baseline),
 //! `sym4g32` (int4 symmetric, f16 scale per 32) and ggml `q4_0`/`q8_0`, compiled from
-//! `quant.cu`; the weight bytes are the CPU `QuantMatrix`'s, uploaded unchanged.
+//! `quant.cu`; the weight bytes are the CPU `QuantMatrix`'s, uploaded unchanged once
+//! `check_gemv` has held them, x and every `int` argument against the format and shape.
 
 use crate::format::{ScaleType, WeightFormat};
 use crate::matrix::QuantMatrix;
@@ -43,7 +44,9 @@ pub fn gemv_entry(format: WeightFormat) -> Result<&'static str> {
     })
 }
 
-/// The launch of one GEMV: one warp per output row.
+/// The launch of one GEMV: one warp per output row. Refuses what the kernel's `int`
+/// arithmetic cannot hold: rows rounded up to whole blocks (the row index of a block's last
+/// warp), cols.
 pub fn plan_gemv(format: WeightFormat, rows: usize, cols: usize, batch: usize) -> Result<Launch> {
     gemv_entry(format)?;
     if !cols.is_multiple_of(32) || cols == 0 || rows == 0 {
@@ -56,11 +59,44 @@ pub fn plan_gemv(format: WeightFormat, rows: usize, cols: usize, batch: usize) -
             "CUDA GEMV takes batch 1..={MAX_BATCH}, got {batch}"
         )));
     }
-    Launch::new(
-        (blocks_for(rows, ROWS_PER_BLOCK), 1, 1),
-        32 * ROWS_PER_BLOCK,
-        0,
-    )
+    let blocks = blocks_for(rows, ROWS_PER_BLOCK);
+    int_arg("rows rounded up to whole blocks", blocks * ROWS_PER_BLOCK)?;
+    int_arg("cols", cols)?;
+    Launch::new((blocks, 1, 1), 32 * ROWS_PER_BLOCK, 0)
+}
+
+/// Checks, before anything touches the device, what the kernel indexes with: the plan
+/// (format, shape, batch, `int` sizes), the matrix's bytes against its format and shape (its
+/// `rows`/`cols` are public fields: the kernel reads `rows · cols/32` blocks), and x's
+/// length. Returns the launch and the `int` arguments (rows, cols, batch).
+pub fn check_gemv(w: &QuantMatrix, x: &[f32], batch: usize) -> Result<(Launch, [i32; 3])> {
+    let launch = plan_gemv(w.format, w.rows, w.cols, batch)?;
+    let want = w.format.matrix_bytes(w.rows, w.cols);
+    if want != Some(w.bytes().len()) {
+        return Err(KernelError::BadBuffer(format!(
+            "{} {}×{} matrix holds {} bytes, its format needs {}",
+            w.format,
+            w.rows,
+            w.cols,
+            w.bytes().len(),
+            want.map_or("more than usize".into(), |n| n.to_string())
+        )));
+    }
+    if Some(x.len()) != batch.checked_mul(w.cols) {
+        return Err(KernelError::BadBuffer(format!(
+            "x has {} values, want batch·cols = {}",
+            x.len(),
+            batch * w.cols
+        )));
+    }
+    Ok((
+        launch,
+        [
+            int_arg("rows", w.rows)?,
+            int_arg("cols", w.cols)?,
+            int_arg("batch", batch)?,
+        ],
+    ))
 }
 
 /// A GEMV resident on the device.
@@ -71,22 +107,15 @@ pub struct DeviceGemv {
     w: CudaSlice<u8>,
     x: CudaSlice<u8>,
     y: CudaSlice<u8>,
-    rows: usize,
-    cols: usize,
-    batch: usize,
+    /// rows, cols, batch as the kernel's ints (checked before the device was asked for).
+    args: [i32; 3],
 }
 
 impl DeviceGemv {
-    /// Uploads `w` and `x` (`[batch, cols]` f32); the output starts NaN-poisoned.
+    /// Checks (`check_gemv`), then uploads `w` and `x` (`[batch, cols]` f32); the output
+    /// starts NaN-poisoned.
     pub fn new(w: &QuantMatrix, x: &[f32], batch: usize) -> Result<DeviceGemv> {
-        let launch = plan_gemv(w.format, w.rows, w.cols, batch)?;
-        if x.len() != batch * w.cols {
-            return Err(KernelError::BadBuffer(format!(
-                "x has {} values, want batch·cols = {}",
-                x.len(),
-                batch * w.cols
-            )));
-        }
+        let (launch, args) = check_gemv(w, x, batch)?;
         let rt = CudaRuntime::current()?;
         let f = rt.function(&SOURCE, gemv_entry(w.format)?)?;
         Ok(DeviceGemv {
@@ -96,19 +125,13 @@ impl DeviceGemv {
             rt,
             f,
             launch,
-            rows: w.rows,
-            cols: w.cols,
-            batch,
+            args,
         })
     }
 
     /// Queues one GEMV.
     pub fn launch(&mut self) -> Result<()> {
-        let (rows, cols, batch) = (
-            int_arg("rows", self.rows)?,
-            int_arg("cols", self.cols)?,
-            int_arg("batch", self.batch)?,
-        );
+        let [rows, cols, batch] = self.args;
         cuda_launch!(
             self.rt,
             self.f,
@@ -189,5 +212,45 @@ mod tests {
                 assert_eq!(scale * (code as f32 - 8.0), want, "{fmt} value {i}");
             }
         }
+    }
+
+    #[test]
+    fn bad_matrices_and_lengths_are_refused_before_any_launch() {
+        let w: Vec<f32> = (0..4 * 64).map(|i| (i % 7) as f32 - 3.0).collect();
+        let m = QuantMatrix::quantize(WeightFormat::Q4_0, 4, 64, &w).unwrap();
+        let x = vec![1.0f32; 2 * 64];
+        let (launch, args) = check_gemv(&m, &x, 2).unwrap();
+        assert_eq!((launch.grid.0, args), (1, [4, 64, 2]));
+        let refused = |m: &QuantMatrix, x: &[f32], batch: usize| {
+            let Err(e) = gemv_cuda(m, x, batch) else {
+                panic!("accepted")
+            };
+            assert!(!matches!(e, KernelError::Device(_)), "{e}");
+            e.to_string()
+        };
+        // The public shape no longer matches the bytes: the kernel would read past them.
+        let mut taller = m.clone();
+        taller.rows = 5;
+        let e = refused(&taller, &x, 2);
+        assert!(
+            e.contains("q4_0 5×64 matrix holds 144 bytes, its format needs 180"),
+            "{e}"
+        );
+        let mut wider = m.clone();
+        wider.cols = 96;
+        let e = refused(&wider, &[1.0; 2 * 96], 2);
+        assert!(e.contains("needs 216"), "{e}");
+        let e = refused(&m, &x[..100], 2);
+        assert!(e.contains("x has 100 values, want batch·cols = 128"), "{e}");
+        let e = refused(&m, &[1.0; 9 * 64], 9);
+        assert!(e.contains("batch 1..=8"), "{e}");
+        // Rows and cols past the kernel's ints.
+        let e = plan_gemv(WeightFormat::Q8_0, i32::MAX as usize - 1, 32, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("rows rounded up to whole blocks"),
+            "{e}"
+        );
+        let e = plan_gemv(WeightFormat::Q8_0, 1, 1 << 31, 1).unwrap_err();
+        assert!(e.to_string().contains("cols = 2147483648"), "{e}");
     }
 }
