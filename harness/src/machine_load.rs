@@ -1,6 +1,8 @@
 //! How busy the machine was around a run, for its provenance: the load average at the start
-//! and the end, and the CPU other processes took meanwhile (from `/proc/stat` less this
-//! process's own time in `/proc/self/stat`), so a result measured beside a compile says so.
+//! and the end, and the CPU other processes took meanwhile (from `/proc/stat` less the time of
+//! this process and its descendants — peers and the tools they run, reaped or alive — from
+//! `/proc/<pid>/stat`), so a result measured beside a compile says so, and one measured
+//! beside its own peers does not.
 //! Linux only; elsewhere the record is absent.
 
 use serde::{Deserialize, Serialize};
@@ -27,7 +29,7 @@ pub struct LoadRecord {
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     loadavg: [f64; 3],
-    /// All CPUs' busy and total jiffies, and this process's (user + system).
+    /// All CPUs' busy and total jiffies, and this process tree's (user + system).
     busy: u64,
     total: u64,
     own: u64,
@@ -51,11 +53,7 @@ fn sample() -> Option<Sample> {
         .lines()
         .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
         .count();
-    let own = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let rest = own.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let own = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let own = tree_jiffies(std::process::id())?;
     Some(Sample {
         loadavg,
         busy: total - idle,
@@ -63,6 +61,50 @@ fn sample() -> Option<Sample> {
         own,
         cpus,
     })
+}
+
+/// The parent pid and the user + system jiffies of a `/proc/<pid>/stat` line, its reaped
+/// children's included (fields after the command's closing parenthesis: ppid 2nd, utime,
+/// stime, cutime, cstime 12th–15th).
+fn stat_fields(stat: &str) -> Option<(u32, u64)> {
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let n = |i: usize| f.get(i)?.parse::<u64>().ok();
+    Some((f.get(1)?.parse().ok()?, n(11)? + n(12)? + n(13)? + n(14)?))
+}
+
+/// CPU jiffies of process `root` and every live descendant, each with its reaped children.
+fn tree_jiffies(root: u32) -> Option<u64> {
+    let own = stat_fields(&std::fs::read_to_string(format!("/proc/{root}/stat")).ok()?)?.1;
+    let mut procs: Vec<(u32, u32, u64)> = vec![];
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process may exit between the listing and the read: it is skipped.
+        if let Some((ppid, j)) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| stat_fields(&s))
+        {
+            procs.push((pid, ppid, j));
+        }
+    }
+    let (mut tree, mut total) = (vec![root], own);
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        for &(pid, ppid, j) in &procs {
+            if ppid == parent && pid != root {
+                tree.push(pid);
+                total += j;
+            }
+        }
+        i += 1;
+    }
+    Some(total)
 }
 
 static START: OnceLock<Option<Sample>> = OnceLock::new();
@@ -122,6 +164,29 @@ mod tests {
         assert!((other_cores(&s(0, 0, 0), &s(150, 200, 50)) - 1.0).abs() < 1e-12);
         assert_eq!(other_cores(&s(0, 0, 0), &s(50, 200, 50)), 0.0);
         assert_eq!(other_cores(&s(5, 5, 5), &s(5, 5, 5)), 0.0);
+    }
+
+    #[test]
+    fn a_stat_line_gives_the_parent_and_the_jiffies_with_reaped_children() {
+        // A command name with spaces and a parenthesis, as /proc allows.
+        let line = "4242 (peer (py) x) S 17 4242 4242 0 -1 4194560 1 0 0 0 30 7 100 20 20 0";
+        assert_eq!(stat_fields(line), Some((17, 30 + 7 + 100 + 20)));
+        assert_eq!(stat_fields("garbage"), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_childs_cpu_time_counts_as_ours() {
+        // A child that burns about 0.3 s of CPU: alive or reaped, its time is the tree's.
+        let me = std::process::id();
+        let before = tree_jiffies(me).unwrap();
+        let status = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let after = tree_jiffies(me).unwrap();
+        assert!(after >= before + 5, "{before} -> {after} jiffies");
     }
 
     #[cfg(target_os = "linux")]
