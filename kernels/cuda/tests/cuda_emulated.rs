@@ -2,7 +2,8 @@
 //! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, the m16n8k16 MMA from its
 //! fragment layout),
 //! against the same f64 references the CPU variants answer to, with launch shapes from the
-//! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
+//! host-side plans and NaN-poisoned outputs, and once more with the kernel built with ASan and
+//! UBSan (`kernel_test_support::sanitized`). No GPU is involved: this checks what the kernels
 //! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
 
 use kernel_common::inputs::{normal_f32, rng};
@@ -49,4 +50,11 @@ fn roofline_gemm_matches_an_f64_product() {
         })
         .collect();
     assert_close("gemm", &f32_from_bytes(&c), &want, tolerance(DType::F32));
+}
+
+#[test]
+fn gemm_passes_with_asan_and_ubsan() {
+    // roofline_gemm_matches_an_f64_product once more, in a child process with the kernel
+    // built with AddressSanitizer and UndefinedBehaviorSanitizer.
+    kernel_test_support::sanitized::assert_passes("roofline_gemm_matches_an_f64_product");
 }

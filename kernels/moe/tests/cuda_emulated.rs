@@ -9,7 +9,7 @@ use kernel_common::{tolerance, Buffer, DType};
 use kernel_cuda::buffer::{buffer_bytes, buffer_from_bytes, f32_bytes, f32_from_bytes};
 use kernel_cuda::buffer::{i32_bytes, i32_from_bytes};
 use kernel_cuda::{blocks_for, Launch};
-use kernel_test_support::emu::Arg;
+use kernel_test_support::emu::{Arg, EmuModule};
 use kernel_test_support::emulated::{assert_close, module, nan_bytes};
 
 #[test]
@@ -186,9 +186,11 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
             tolerance(dt).scaled_to(&want),
         );
     }
+    router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(&m);
 }
 
-/// NaN and ±Inf logits on the router and capacity kernels: 256 experts (the router's
+/// NaN and ±Inf logits on the router and capacity kernels (part of the routing test, so its
+/// planted bugs and its sanitised rerun cover it): 256 experts (the router's
 /// `MAX_EXPERTS`, where an expert index left at `n_experts` would write past the shared
 /// row), top-8, score priority under a tight capacity. Rows with a NaN, +Inf or −Inf input, an
 /// row of huge activations (logits near or past f32's range) and a row scaled until most probabilities underflow to
@@ -196,11 +198,7 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
 /// (NaN where it has NaN), its choices (`decision::higher_first`: NaN after every probability,
 /// ties to the lower expert, so an all-NaN row takes experts 0..7), its weights and its kept
 /// flags, and every expert index in range.
-#[test]
-fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits() {
-    let Some(m) = module(&kernel_moe::cuda::SOURCE) else {
-        return;
-    };
+fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {
     use kernel_moe::cuda::{capacity_policy_code, plan_route, slots_per_expert};
     use kernel_moe::{route, select, Capacity, MoeConfig, MoeWeights, Priority, WeightNorm};
     let (t, d, e, k) = (13, 24, 256, 8);
@@ -455,7 +453,7 @@ fn planted_bugs_fail_the_emulated_check() {
         "moe.cu",
         "moe_route_capacity_dispatch_combine_match_the_cpu",
     );
-    assert_eq!(routing.len(), 1);
+    assert_eq!(routing.len(), 2);
     let experts =
         mutations::assert_each_caught("experts.cu", "grouped_expert_gemms_match_the_f64_reference");
     assert_eq!(experts.len(), 3);

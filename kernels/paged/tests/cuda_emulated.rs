@@ -1,8 +1,10 @@
 //! The paged CUDA kernels (decode, split-KV reduction, append), run by the CPU emulator
 //! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, warp shuffles),
 //! against the same f64 references the CPU variants answer to, with launch shapes from the
-//! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
-//! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
+//! host-side plans and NaN-poisoned outputs; planted bugs it must catch, and each test once
+//! more with the kernels built with ASan and UBSan. No GPU is involved: this checks what the
+//! kernels compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is
+//! missing.
 
 use kernel_attention::cuda::device_options;
 use kernel_common::inputs::{normal_buffer, rng};
@@ -291,8 +293,8 @@ fn planted_bugs_fail_the_emulated_check() {
     // Planted in paged.cu and run in a child process: the causal bound off by one, the
     // decode's hq and hkv launch arguments swapped (the kernel's signature, as the launcher
     // sees it), the window bound off by one, the partitions started at position 0 instead
-    // of the window (reads NaN), the soft-cap skipped. (The test passing unmutated is the
-    // test.)
+    // of the window (reads NaN), the soft-cap skipped. Beside them the test runs once with
+    // the kernels built with ASan and UBSan. (The test passing unmutated is the test.)
     if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
         return;
     }
@@ -301,4 +303,11 @@ fn planted_bugs_fail_the_emulated_check() {
         "paged_decode_unsplit_and_split_match_the_reference",
     );
     assert_eq!(caught.len(), 5);
+}
+
+#[test]
+fn append_passes_with_asan_and_ubsan() {
+    // paged_append_writes_exactly_the_slots once more, in a child process with the kernels
+    // built with AddressSanitizer and UndefinedBehaviorSanitizer.
+    kernel_test_support::sanitized::assert_passes("paged_append_writes_exactly_the_slots");
 }

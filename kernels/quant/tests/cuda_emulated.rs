@@ -2,8 +2,10 @@
 //! (`kernel_test_support::emu`: g++, CUDA threads as coroutines, warp shuffles),
 //! on `kernel_quant::cases::device()` beside every CPU row of the quant table at every ISA
 //! tier (`Backends::for_each`), against the same f64 references, with launch shapes from the
-//! host-side plans and NaN-poisoned outputs. No GPU is involved: this checks what the kernels
-//! compute before a GPU is lent, not their speed. Skips (with the reason) where g++ is missing.
+//! host-side plans and NaN-poisoned outputs; a planted bug it must catch, and the test once
+//! more with the kernels built with ASan and UBSan (`kernel_test_support::mutations`). No GPU
+//! is involved: this checks what the kernels compute before a GPU is lent, not their speed.
+//! Skips (with the reason) where g++ is missing.
 
 use kernel_common::inputs::{derive_seed, normal_f32, rng};
 use kernel_common::{case_free_check_specs, tolerance, DType, Runs, VariantSpec};
@@ -14,6 +16,7 @@ use kernel_quant::{reference, QuantMatrix};
 use kernel_test_support::backends::{Backend, Backends};
 use kernel_test_support::emu::{Arg, EmuModule};
 use kernel_test_support::emulated::assert_close;
+use kernel_test_support::mutations;
 
 #[test]
 fn quant_gemv_matches_the_dequantised_reference() {
@@ -78,4 +81,18 @@ fn emulated(m: &EmuModule, case: &Case, q: &QuantMatrix, x: &[f32], label: &str)
         &want,
         tolerance(DType::F32).scaled_to(&want),
     );
+}
+
+#[test]
+fn planted_bugs_fail_the_emulated_check() {
+    // Planted in quant.cu and run in a child process: the lanes without a block of the row
+    // returning before the warp sum (a shuffle whose mask names exited lanes: on a GPU
+    // undefined, a hang or garbage). Beside it the test runs once with the kernels built with
+    // ASan and UBSan. (The test passing unmutated is the test.)
+    if kernel_test_support::emu::unavailable().is_some() || mutations::switched_on() {
+        return;
+    }
+    let caught =
+        mutations::assert_each_caught("quant.cu", "quant_gemv_matches_the_dequantised_reference");
+    assert_eq!(caught.len(), 1);
 }

@@ -16,9 +16,9 @@ pub mod policy;
 pub mod sampler;
 /// Continuous, static and dynamic batching over the paged KV cache.
 pub mod scheduler;
-/// Speculative decoding inside the engine: draft chains verified in the batched step.
-pub mod speculate;
 /// One sequence over its own pools (batch 1), and `Llama::greedy`.
 pub mod session;
+/// Speculative decoding inside the engine: draft chains verified in the batched step.
+pub mod speculate;
 /// Seeded serving workloads: log-normal lengths, Poisson arrivals, a shared system prompt.
 pub mod workload;

@@ -16,7 +16,7 @@
 
 // Score s (already scaled) after the optional soft-cap.
 __device__ __forceinline__ float soft_capped(float s, float softcap) {
-    return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+    return softcap > 0.0f ? softcap * tanh_f32(s / softcap) : s;
 }
 
 // Whether the query at position `pos` sees key `key` (causal horizon, sliding window).
@@ -136,7 +136,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[BC / 8][4], float (&ac
             const int key = j0 + nt * 8 + t4 * 2 + (e & 1);
             const int row = (e < 2) ? r_lo : r_hi;
             const bool ok = key < lk && sees(key, offset + row, causal, window);
-            const float x = softcap > 0.0f ? cap_out * tanhf(s[nt][e] * cap_in) : s[nt][e] * sl2;
+            const float x = softcap > 0.0f ? cap_out * tanh_f32(s[nt][e] * cap_in) : s[nt][e] * sl2;
             s[nt][e] = ok ? x : -CUDART_INF_F;
         }
     }

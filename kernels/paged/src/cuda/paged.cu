@@ -103,7 +103,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
                 s = group_sum(s, 8);
                 // Uniform over the 8 lanes of the key: past the horizon or before the window.
                 if (!live || j > last_key[r] || (window > 0 && last_key[r] - j >= window)) continue;
-                if (softcap > 0.0f) s = cap_l2 * tanhf(s * cap_inv);
+                if (softcap > 0.0f) s = cap_l2 * tanh_f32(s * cap_inv);
                 const float mnew = fmaxf(m[r], s);
                 const float corr = exp2f(m[r] - mnew);  // m = -inf → 0
                 const float p = exp2f(s - mnew);

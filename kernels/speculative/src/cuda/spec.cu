@@ -49,7 +49,7 @@ extern "C" __global__ void tree_attention_f32(const float* __restrict__ q, const
             if (e < d) s += qv[c] * kp[at + e];
         }
         s = warp_sum(s) * scale;
-        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        if (softcap > 0.0f) s = softcap * tanh_f32(s / softcap);
         const float mnew = fmaxf(m, s);
         const float corr = exp_neg(m - mnew);
         const float p = exp_neg(s - mnew);
