@@ -158,7 +158,7 @@ enum Command {
     /// Check every variant against the f64 reference on random shapes and edge cases;
     /// writes results/check/<run-id>.csv, exits 1 on any failure.
     Check {
-        /// Family to check (attention, paged, quant, moe, spec); default all.
+        /// Family to check (attention, paged, quant, moe, speculative); default all.
         #[arg(long)]
         family: Vec<String>,
         /// Random cases per family (edge cases are always added).

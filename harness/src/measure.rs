@@ -1,6 +1,11 @@
 //! Timing as DESIGN.md prescribes: one untimed warm-up, then repetitions (each preceded by a
 //! pass over a buffer twice the L3 so no input is served from cache), reported as median,
 //! p10, p90 and the count. Stops early after a time budget, never before 3 repetitions.
+//! (CUDA variants time themselves with CUDA events, `kernel_cuda::CudaRuntime::time`: one
+//! warm-up, the device's L2 flushed before each repetition — cold, the default — or not, the
+//! hot column; `hot_timing` runs the latter.) A CUDA row's effective bandwidth above the
+//! run's measured device copy bandwidth is an error, not a result (`implausible_bandwidth`,
+//! applied by `Row::hold_to_copy_bandwidth`).
 
 use kernel_common::error::Result;
 use std::time::Instant;
@@ -87,9 +92,67 @@ pub fn time_reps(
     Ok(t)
 }
 
+/// The same device timing hot: `time` (a family's `time_on_device`, `time(reps)`, ...) run
+/// under `kernel_cuda::Flush::Hot`, so its repetitions find what the warm-up left in L2.
+/// Its median in ms, for a row's `hot_median_ms`.
+pub fn hot_timing(time: impl FnOnce() -> Result<Vec<f64>>) -> Result<f64> {
+    let samples = kernel_cuda::Flush::Hot.scoped(time)?;
+    Ok(Timing { samples }.median() * 1e3)
+}
+
+/// Whether rows of `device` (`cpu`, `cuda:0`) are held to the device's copy bandwidth.
+pub fn on_cuda(device: &str) -> bool {
+    device.starts_with("cuda")
+}
+
+/// Why a CUDA row's measured `gbps` cannot be right: it is above `copy_gbps`, the device's
+/// copy bandwidth (bytes read plus written per second) measured at the start of the run, so
+/// the bytes did not all come from device memory (an input left in L2, a cost model that
+/// counts bytes never read) or the events missed work. None when plausible, or when no copy
+/// bandwidth was measured (`copy_gbps` 0 or not finite) or `gbps` is not a number.
+pub fn implausible_bandwidth(gbps: f64, copy_gbps: f64) -> Option<String> {
+    (copy_gbps.is_finite() && copy_gbps > 0.0 && gbps.is_finite() && gbps > copy_gbps).then(|| {
+        format!(
+            "implausible: {gbps:.0} GB/s is above the device's copy bandwidth ({copy_gbps:.0} GB/s, \
+             measured at the start of the run); the timing is not a result (inputs served from \
+             L2? bytes counted that are never read?)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bandwidth_above_the_device_copy_is_implausible() {
+        assert_eq!(implausible_bandwidth(4000.0, 4300.0), None);
+        assert_eq!(implausible_bandwidth(4300.0, 4300.0), None);
+        let why = implausible_bandwidth(9000.0, 4300.0).unwrap();
+        assert!(
+            why.contains("9000 GB/s") && why.contains("4300 GB/s"),
+            "{why}"
+        );
+        // No copy bandwidth measured (`harness plan`'s empty roofline), or no rate.
+        assert_eq!(implausible_bandwidth(9000.0, 0.0), None);
+        assert_eq!(implausible_bandwidth(f64::NAN, 4300.0), None);
+        assert_eq!(implausible_bandwidth(f64::INFINITY, 4300.0), None);
+        assert!(on_cuda("cuda:0") && on_cuda("cuda") && !on_cuda("cpu"));
+    }
+
+    #[test]
+    fn a_hot_timing_runs_in_the_hot_mode_and_gives_its_median_in_ms() {
+        use kernel_cuda::Flush;
+        let ms = hot_timing(|| {
+            assert_eq!(Flush::current(), Flush::Hot);
+            Ok(vec![0.003, 0.001, 0.002])
+        })
+        .unwrap();
+        assert!((ms - 2.0).abs() < 1e-12, "{ms}");
+        assert_eq!(Flush::current(), Flush::Cold);
+        let failed = hot_timing(|| Err(kernel_common::KernelError::DeviceFailure("x".into())));
+        assert!(failed.is_err());
+    }
 
     #[test]
     fn percentiles_interpolate() {

@@ -13,7 +13,12 @@
 //! - `{"op":"run","out":PATH}` → `{"ok":true}` after writing its output to PATH (tensor `out`,
 //!   f32; a quantiser writes `q`, u8), which the harness checks against the f64 reference
 //!   (or our bytes) like a variant's;
-//! - `{"op":"time","reps":N}` → `{"ok":true,"times_ms":[...]}`.
+//! - `{"op":"time","reps":N}` → `{"ok":true,"times_ms":[...]}`. On a CUDA device a peer
+//!   times as our kernels do (`kernel_cuda::runtime`): one untimed warm-up call, then each
+//!   repetition between two CUDA events with L2 flushed before it, outside the events (a
+//!   buffer of twice the L2 written). With `"l2":"hot"` the flush is left out, and a peer
+//!   that honoured it says `"l2":"hot"` in its reply (its row's `hot_median_ms`; a peer that
+//!   does not say so gets none).
 //!
 //! Any other reply is `{"ok":false,"error":"..."}`. A peer whose program is missing is
 //! `unavailable` (with the install command); one that crashes, prints garbage or exceeds its
@@ -345,6 +350,28 @@ impl Peer {
             .filter(|t| t.is_finite() && *t >= 0.0)
             .map(|ms| ms / 1e3)
             .ok_or_else(|| format!("peer {} returned no times_ms", self.manifest.label))
+    }
+
+    /// `reps` calls timed hot (on a CUDA device: after a warm-up, no L2 flush), their median
+    /// in ms; None when the reply does not say `"l2":"hot"` (a peer that knows no hot timing).
+    pub fn time_hot_ms(&mut self, reps: usize) -> std::result::Result<Option<f64>, String> {
+        let reply = self
+            .request(json!({"op": "time", "reps": reps.max(1), "l2": "hot"}))
+            .map_err(PeerError::why)?;
+        if reply["l2"] != json!("hot") {
+            return Ok(None);
+        }
+        let times: Vec<f64> = reply["times_ms"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|t| t.as_f64()).collect())
+            .unwrap_or_default();
+        if times.is_empty() || times.iter().any(|t| !t.is_finite() || *t < 0.0) {
+            return Err(format!(
+                "peer {} returned no hot times_ms",
+                self.manifest.label
+            ));
+        }
+        Ok(Some(crate::measure::Timing { samples: times }.median()))
     }
 
     /// Why the peer is down, if it is.

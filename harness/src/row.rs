@@ -158,6 +158,22 @@ impl<F> Row<F> {
     }
 }
 
+impl<F> Row<F> {
+    /// Makes an `ok` row of a CUDA device whose `gbps` is implausible
+    /// (`measure::implausible_bandwidth` against the run's device copy bandwidth `copy_gbps`)
+    /// an error row, the reason in its note and its timing kept beside it. Rows of the CPU, and
+    /// rows already failed, are left as they are.
+    pub fn hold_to_copy_bandwidth(&mut self, gbps: f64, copy_gbps: f64) {
+        if self.head.status != "ok" || !crate::measure::on_cuda(&self.head.device) {
+            return;
+        }
+        if let Some(why) = crate::measure::implausible_bandwidth(gbps, copy_gbps) {
+            self.head.status = "error".into();
+            self.note = why;
+        }
+    }
+}
+
 impl<F> Deref for Row<F> {
     type Target = F;
     fn deref(&self) -> &F {
@@ -403,5 +419,32 @@ mod tests {
             .to_string()
             .contains("differ from the file's"));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn only_ok_cuda_rows_are_held_to_the_copy_bandwidth() {
+        let row = |device: &str, status: &str| {
+            Row::new(Heads::new("r", "e", device).with_status("v", 1, status), ())
+        };
+        let mut fast = row("cuda:0", "ok");
+        fast.hold_to_copy_bandwidth(9000.0, 4300.0);
+        assert_eq!(fast.head.status, "error");
+        assert!(
+            fast.note.starts_with("implausible: 9000 GB/s"),
+            "{}",
+            fast.note
+        );
+        let mut plausible = row("cuda:0", "ok");
+        plausible.hold_to_copy_bandwidth(4000.0, 4300.0);
+        assert_eq!(
+            (plausible.head.status.as_str(), plausible.note.as_str()),
+            ("ok", "")
+        );
+        // The CPU's roofline is a read bandwidth, and a wrong output stays a failure.
+        for (device, status) in [("cpu", "ok"), ("cuda:0", "fail")] {
+            let mut r = row(device, status);
+            r.hold_to_copy_bandwidth(9000.0, 4300.0);
+            assert_eq!(r.head.status, status);
+        }
     }
 }

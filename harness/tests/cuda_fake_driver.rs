@@ -2,56 +2,18 @@
 //! driver (`tests/fake_cuda/libcuda.c`: host memory for device memory, kernels launched on the
 //! CPU emulator) with the real NVRTC. This exercises everything a GPU run does on the host —
 //! probing, NVRTC compilation and module loading, uploads, every launcher's argument packing,
-//! downloads, event timing, the CSV rows — and checks that every CUDA variant passes against
-//! the CPU references. Times from it mean nothing. Skips without gcc/g++ or NVRTC, unless
-//! WORKBENCH_REQUIRE_NVRTC is set (CI).
+//! downloads, event timing (cold and hot), the CSV rows — and checks that every CUDA variant
+//! passes against the CPU references. Times from it mean nothing. Skips without gcc/g++ or
+//! NVRTC, unless WORKBENCH_REQUIRE_NVRTC is set (CI).
 
-use kernel_cuda::nvrtc::{include_dirs, nvrtc_present};
-use kernel_test_support::emu::{unavailable, EmuModule};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_harness");
+#[path = "common/fake_cuda.rs"]
+mod fake_cuda;
+use fake_cuda::fake_driver;
 
-/// The folder holding the fake `libcuda.so`, and the emulator libraries, or why not.
-fn fake_driver() -> Option<(PathBuf, String)> {
-    let required = std::env::var_os("WORKBENCH_REQUIRE_NVRTC").is_some();
-    let missing = if !nvrtc_present() || include_dirs().is_empty() {
-        Some("NVRTC or the CUDA headers are missing (source scripts/fetch-nvrtc.sh)".to_string())
-    } else {
-        unavailable()
-    };
-    if let Some(why) = missing {
-        assert!(!required, "WORKBENCH_REQUIRE_NVRTC is set but {why}");
-        eprintln!("SKIPPED fake-driver CUDA run: {why}");
-        return None;
-    }
-    let dir = std::env::temp_dir().join(format!("workbench-fake-cuda-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake_cuda/libcuda.c");
-    let out = Command::new("gcc")
-        .args(["-O2", "-shared", "-fPIC", "-o"])
-        .arg(dir.join("libcuda.so"))
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let libs: Vec<String> = harness::cuda_sources()
-        .iter()
-        .map(|s| {
-            EmuModule::library(s)
-                .unwrap_or_else(|e| panic!("{e}"))
-                .display()
-                .to_string()
-        })
-        .collect();
-    Some((dir, libs.join(":")))
-}
+const BIN: &str = env!("CARGO_BIN_EXE_harness");
 
 fn run(dir: &Path, libs: &str, results: &Path, args: &[&str]) -> Output {
     let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
@@ -102,7 +64,7 @@ fn column(rows: &[csv::StringRecord], name: &str) -> Vec<String> {
 
 #[test]
 fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
-    let Some((dir, libs)) = fake_driver() else {
+    let Some((dir, libs)) = fake_driver("e2e") else {
         return;
     };
     let results = dir.join("results");
@@ -233,6 +195,20 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
         );
         assert!(status.iter().filter(|s| *s == "ok").count() >= 4);
         assert!(column(&rows, "device").iter().all(|d| d == "cuda:0"));
+        // Every timed row has its cold median and, beside it, the hot one.
+        let (cold, hot) = (column(&rows, "median_ms"), column(&rows, "hot_median_ms"));
+        for (i, s) in status.iter().enumerate() {
+            if s == "ok" {
+                let ms = |v: &str| v.parse::<f64>().ok().filter(|m| *m > 0.0);
+                assert!(
+                    ms(&cold[i]).is_some() && ms(&hot[i]).is_some(),
+                    "{exp}: {} cold '{}' hot '{}'",
+                    variant[i],
+                    cold[i],
+                    hot[i]
+                );
+            }
+        }
     }
 
     peers_beside_cuda_variants(&dir, &libs);
@@ -352,8 +328,16 @@ y = { "*" = "median_ms" }
             .all(|(v, s)| s == "ok" || (s == "unsupported" && v == "cuda_flash2")),
         "{status:?} of {variant:?}"
     );
+    // On the device the peer is also asked for hot times, and its row takes them.
+    let hot = column(&rows, "hot_median_ms");
+    for (i, v) in variant.iter().enumerate() {
+        if status[i] == "ok" {
+            assert!(hot[i].parse::<f64>().is_ok(), "{v}: hot '{}'", hot[i]);
+        }
+    }
     let case = std::fs::read_to_string(&log).unwrap();
     assert!(case.lines().any(|l| l.ends_with(" time")), "{case}");
+    assert!(case.lines().any(|l| l.ends_with(" time hot")), "{case}");
     assert!(
         case.lines().any(|l| l.ends_with(" device cuda:0")),
         "{case}"

@@ -4,8 +4,11 @@
  * library listed in $WORKBENCH_EMU_LIBS (built by kernel_test_support::emu) exports
  * emu_has/emu_run, and cuLaunchKernel hands the kernel's name, grid, block and argument array
  * to the one that has it. Events read the host clock. One device, "compute capability 9.0",
- * 132 SMs, no memory pools. It proves the host side (NVRTC, module loading, argument
- * packing, copies, event timing) end to end; its times mean nothing. */
+ * 132 SMs, a 50 MiB L2, no memory pools. It proves the host side (NVRTC, module loading,
+ * argument packing, copies, the L2 flush of cold timings, event timing) end to end; its times
+ * mean nothing. With $WORKBENCH_FAKE_CUDA_TRACE set to a path, it appends one line per
+ * launch ("launch NAME"), memset ("memset BYTES") and device-to-device copy ("copy BYTES"),
+ * so a test can see what the runtime queued, in order. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
@@ -44,6 +47,27 @@ static void load_libs(void) {
 }
 
 struct function { char name[256]; struct emu_lib *lib; };
+
+/* The trace file ($WORKBENCH_FAKE_CUDA_TRACE), opened at the first traced call; NULL when
+ * the variable is unset. */
+static FILE *trace_file(void) {
+    static int opened = 0;
+    static FILE *f = NULL;
+    if (!opened) {
+        opened = 1;
+        const char *path = getenv("WORKBENCH_FAKE_CUDA_TRACE");
+        if (path && *path) f = fopen(path, "a");
+    }
+    return f;
+}
+
+static void trace(const char *what, const char *name, size_t bytes) {
+    FILE *f = trace_file();
+    if (!f) return;
+    if (name) fprintf(f, "%s %s\n", what, name);
+    else fprintf(f, "%s %zu\n", what, bytes);
+    fflush(f);
+}
 
 static double now_ms(void) {
     struct timespec t;
@@ -102,11 +126,19 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return cuMemFree_v
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) { *free_b = (size_t)8 << 30; *total = (size_t)16 << 30; return OK; }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return OK; }
 CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { memcpy(d, (void *)(uintptr_t)s, n); return OK; }
-CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return OK; }
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    trace("copy", NULL, n);
+    memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+    return OK;
+}
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD_v2(d, s, n); }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH_v2(d, s, n); }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoD_v2(d, s, n); }
-CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+    trace("memset", NULL, n);
+    memset((void *)(uintptr_t)d, v, n);
+    return OK;
+}
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)s; return cuMemsetD8_v2(d, v, n); }
 CUresult cuModuleLoadData(CUmodule *m, const void *image) { *m = strdup((const char *)image); return OK; }
 CUresult cuModuleUnload(CUmodule m) { free(m); return OK; }
@@ -134,6 +166,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
     (void)s; (void)extra;
     struct function *fn = f;
     if (by != 1 || bz != 1 || smem != 0) return INVALID_VALUE;
+    trace("launch", fn->name, 0);
     char err[512] = {0};
     int rc = fn->lib->run(fn->name, gx, gy, gz, bx, params, err, sizeof err);
     if (rc != 0) {

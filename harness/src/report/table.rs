@@ -17,6 +17,8 @@ const MEASUREMENT_COLUMNS: &[&str] = &[
     "median_ms",
     "p10_ms",
     "p90_ms",
+    // a CUDA row's hot timing beside the cold median_ms
+    "hot_median_ms",
     "seed",
     "peer_version",
     "note",

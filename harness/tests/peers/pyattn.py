@@ -3,9 +3,10 @@
 shapes), speaking the harness's peer protocol (harness/src/peer.rs). --behave picks what it
 does: ok, wrong (adds 0.5 to every output), crash (exits on load), hang (never answers run),
 garbage (prints a non-JSON line on run). --log PATH appends one line per request
-("<name> <op>", and "<name> device <device>" on load) so a test can see the order of the
-rounds and the device the peer was told, and keeps a copy of the last case
-file it was given at PATH.case, so the test can compare its bytes with the seeded inputs.
+("<name> <op>", "<name> device <device>" on load, "<name> time hot" when asked for hot
+times) so a test can see the order of the rounds and the device the peer was told, and
+keeps a copy of the last case file it was given at PATH.case, so the test can compare its
+bytes with the seeded inputs.
 """
 import argparse
 import json
@@ -112,7 +113,14 @@ def main():
                 t0 = time.perf_counter()
                 attention(state["point"], state["q"], state["k"], state["v"], 0.0)
                 times.append((time.perf_counter() - t0) * 1e3)
-            reply(ok=True, times_ms=times)
+            if req.get("l2") == "hot":
+                # Asked for hot times (a CUDA device): say they are, as the torch peers do.
+                if args.log:
+                    with open(args.log, "a") as f:
+                        f.write(f"{args.name} time hot\n")
+                reply(ok=True, times_ms=times, l2="hot")
+            else:
+                reply(ok=True, times_ms=times)
         else:
             reply(ok=False, error=f"unknown op {op}")
 

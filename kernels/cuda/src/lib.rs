@@ -1,9 +1,10 @@
 //! The CUDA runtime shared by every kernel family: `.cu` sources as `KernelSource`s (embedded
 //! with the prelude by each family's `cuda_source!`), NVRTC compilation (`nvrtc`), ptxas
 //! resource reports (`resources`), launch arithmetic (`launch`), the driver probe (`probe`)
-//! and the per-process context, module cache and event timing (`runtime`). Nothing here
-//! touches the driver before `probe_cuda` found it. (The CPU emulator and the CI compile check
-//! are `kernel-test-support`, used by tests only.)
+//! and the per-process context, module cache and event timing (`runtime`: one warm-up, L2
+//! flushed before each repetition unless `Flush::Hot`). Nothing here touches the driver
+//! before `probe_cuda` found it. (The CPU emulator and the CI compile check are
+//! `kernel-test-support`, used by tests only.)
 
 /// Typed buffers on the device (bytes, NaN-poisoned outputs).
 pub mod buffer;
@@ -17,7 +18,8 @@ pub mod probe;
 pub mod resources;
 /// The device's copy bandwidth and tensor-core GEMM rate (`harness roofline --device cuda`).
 pub mod roofline;
-/// The per-process context, stream, module cache, buffers and event timing.
+/// The per-process context, stream, module cache, buffers and event timing (cold: L2
+/// flushed before each repetition; or hot).
 pub mod runtime;
 
 pub use buffer::DeviceBuffer;
@@ -25,7 +27,7 @@ pub use cudarc;
 pub use launch::{blocks_for, int_arg, Launch};
 pub use probe::{probe_cuda, CudaInfo};
 pub use resources::{parse_ptxas_report, KernelResources};
-pub use runtime::CudaRuntime;
+pub use runtime::{flush_bytes, CudaRuntime, Flush};
 
 /// For the macros: `cuda_launch!` names the error type through this path.
 #[doc(hidden)]

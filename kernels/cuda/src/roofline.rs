@@ -1,8 +1,9 @@
 //! The device's two ceilings, measured through the workbench's machinery: read+write
 //! bandwidth of a large device-to-device copy (`cuMemcpyDtoDAsync`, bytes read plus bytes
 //! written), and the bf16 rate of `roofline.cu`'s tensor-core GEMM on random data (checked
-//! against an f64 host product on sampled entries before it is timed). Both timed with CUDA
-//! events, median of the repetitions.
+//! against an f64 host product on sampled entries before it is timed). Both timed cold with
+//! CUDA events (`CudaRuntime::time_cold`: L2 flushed before each repetition, whatever the
+//! caller's `Flush` mode), median of the repetitions.
 
 use crate::buffer::f32_from_bytes;
 use crate::runtime::{driver, CudaRuntime};
@@ -33,7 +34,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub fn copy_gbps(rt: &CudaRuntime, bytes: usize, reps: usize) -> Result<f64> {
     let src = rt.zeros::<u8>(bytes)?;
     let mut dst = rt.zeros::<u8>(bytes)?;
-    let samples = rt.time(reps, || {
+    let samples = rt.time_cold(reps, || {
         driver(
             rt.stream.memcpy_dtod(&src, &mut dst),
             "device-to-device copy",
@@ -105,7 +106,7 @@ pub fn gemm_bf16_gflops(rt: &CudaRuntime, n: usize, reps: usize, seed: u64) -> R
             "roofline GEMM is wrong: relative error {max_rel_err:.2e} on sampled entries"
         )));
     }
-    let samples = rt.time(reps, || {
+    let samples = rt.time_cold(reps, || {
         crate::cuda_launch!(rt, f, launch, &ad, &bd, &mut cd, &ni, &ni, &ni)
     })?;
     Ok(GemmRate {

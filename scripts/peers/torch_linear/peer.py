@@ -6,14 +6,16 @@ Reads the point's f32 weights `x` [rows, cols] (the case file named by `inputs`,
 the path stays the same) and activations `act` [batch, cols] (the file named by `act`), casts
 both to the dtype of its `dtype` option (f32 or bf16), and computes
 torch.nn.functional.linear(act, weights) -> [batch, rows] on the point's device, written as
-f32 tensor `out`; times calls with time.perf_counter (CUDA: events) on request.
+f32 tensor `out`; times calls on request as the harness times its own kernels
+(../_lib/torch_timing.py: on CUDA one warm-up call, then CUDA events with L2 flushed before
+each repetition unless the request asks for hot times; on the CPU time.perf_counter).
 """
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "_lib"))
 import peerio  # noqa: E402
+import torch_timing  # noqa: E402
 
 
 def main():
@@ -24,6 +26,7 @@ def main():
         peerio.unavailable_forever(f"torch is not importable ({type(e).__name__}: {e})")
         return
     dtypes = {"f32": torch.float32, "bf16": torch.bfloat16}
+    timer = torch_timing.Timer(torch)
     state = {"dtype": torch.float32, "weights_path": None}
 
     def call():
@@ -55,23 +58,8 @@ def main():
                 peerio.write_torch_out(req["out"], call())
             return {}
         if op == "time":
-            times = []
-            cuda = state["device"].type == "cuda"
             with torch.inference_mode():
-                for _ in range(int(req.get("reps", 1))):
-                    if cuda:
-                        start = torch.cuda.Event(enable_timing=True)
-                        end = torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        call()
-                        end.record()
-                        end.synchronize()
-                        times.append(start.elapsed_time(end))
-                    else:
-                        t0 = time.perf_counter()
-                        call()
-                        times.append((time.perf_counter() - t0) * 1e3)
-            return {"times_ms": times}
+                return timer.time(call, state["device"], req)
         raise ValueError(f"unknown op {op!r}")
 
     peerio.serve(handle)

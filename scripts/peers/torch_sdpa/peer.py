@@ -6,14 +6,16 @@ torch.nn.functional.scaled_dot_product_attention in that dtype on the point's de
 or cuda:N beside our CUDA variants) with the point's scale, GQA through enable_gqa, and a
 causal mask aligned bottom-right (query i of q_len sees keys up to kv_len - q_len + i, the
 workbench's convention; is_causal=True when q_len == kv_len), writes the output as f32 tensor
-`out`, and times calls with time.perf_counter (CUDA: events) on request.
+`out`, and times calls on request as the harness times its own kernels
+(../_lib/torch_timing.py: on CUDA one warm-up call, then CUDA events with L2 flushed before
+each repetition unless the request asks for hot times; on the CPU time.perf_counter).
 """
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "_lib"))
 import peerio  # noqa: E402
+import torch_timing  # noqa: E402
 
 
 def main():
@@ -23,6 +25,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - any import failure means "not installed"
         peerio.unavailable_forever(f"torch is not importable ({type(e).__name__}: {e})")
         return
+    timer = torch_timing.Timer(torch)
     state = {}
 
     def call():
@@ -59,23 +62,8 @@ def main():
                 peerio.write_torch_out(req["out"], call())
             return {}
         if op == "time":
-            times = []
-            cuda = state["device"].type == "cuda"
             with torch.inference_mode():
-                for _ in range(int(req.get("reps", 1))):
-                    if cuda:
-                        start = torch.cuda.Event(enable_timing=True)
-                        end = torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        call()
-                        end.record()
-                        end.synchronize()
-                        times.append(start.elapsed_time(end))
-                    else:
-                        t0 = time.perf_counter()
-                        call()
-                        times.append((time.perf_counter() - t0) * 1e3)
-            return {"times_ms": times}
+                return timer.time(call, state["device"], req)
         raise ValueError(f"unknown op {op!r}")
 
     peerio.serve(handle)

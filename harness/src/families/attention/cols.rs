@@ -1,5 +1,5 @@
 //! The columns of an attention experiment's row, after the shared head: the point, then the
-//! cost model, speed, memory and error.
+//! cost model, speed, memory and error, then a CUDA row's hot median.
 
 use crate::row::Row;
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,10 @@ pub struct AttentionCols {
     pub rel_l2_err: Option<f64>,
     pub nmse: Option<f64>,
     pub checked_rows: usize,
+    /// CUDA rows: the median of the same kernels timed hot (after the warm-up, L2 not
+    /// flushed), beside `median_ms`, which is cold (L2 flushed before each repetition).
+    /// Empty on the CPU and in runs before it.
+    pub hot_median_ms: Option<f64>,
 }
 
 /// One measured (or skipped) variant at one grid point.

@@ -2,10 +2,12 @@
 //! point's own seeded q, k, v as a case file, writes its output, and that output is compared
 //! with the f64 reference rows exactly like a variant's; then each variant is timed in rounds
 //! alternating with the peers (repetition i of each before repetition i + 1 of any, caches
-//! flushed before every call), so the shared machine's drift hits both sides alike.
+//! flushed before every call), so the shared machine's drift hits both sides alike. On a
+//! CUDA device every call is cold (ours and the peers' flush L2 before each repetition, after
+//! a warm-up); then each side is timed hot once more, for the rows' `hot_median_ms`.
 
 use super::cols::ExpRow;
-use super::point::{finish_row, PointRunner, Ready};
+use super::point::{finish_row, time_hot, PointRunner, Ready};
 use crate::error::Result;
 use crate::measure::{time_reps, CacheFlusher, Timing};
 use crate::peer::{write_case, CaseTensor, Peer, PeerError};
@@ -100,6 +102,7 @@ pub(super) fn measure_point(
                 flusher,
             );
             finish_row(row, ours, roof, ready.passed, ready.unwritten);
+            time_hot(&mut ready, reps, row);
         }
     }
     if !any_variant {
@@ -122,6 +125,13 @@ pub(super) fn measure_point(
         let passed = row.head.status == "ok";
         let samples = Timing { samples: t.samples };
         finish_row(row, Ok(samples), roof, passed, 0);
+        if crate::measure::on_cuda(heads.device()) && row.head.status == "ok" {
+            // The cold timing stands whatever happens to the hot one.
+            match peers[t.peer].time_hot_ms(reps) {
+                Ok(hot) => row.hot_median_ms = hot,
+                Err(e) => row.note = format!("no hot timing: {e}"),
+            }
+        }
     }
     rows.extend(peer_rows);
     Ok(rows)

@@ -94,6 +94,7 @@ impl<'a> PointRunner<'a> {
                 rel_l2_err: None,
                 nmse: None,
                 checked_rows: 0,
+                hot_median_ms: None,
             },
         )
     }
@@ -315,6 +316,7 @@ impl<'a> PointRunner<'a> {
             }),
         };
         finish_row(row, timed, roof, ready.passed, ready.unwritten);
+        time_hot(&mut ready, reps, row);
     }
 }
 
@@ -326,7 +328,25 @@ pub(super) struct Ready<'k> {
     pub unwritten: usize,
 }
 
-/// The timing columns and the status of a checked row (or status error).
+/// A CUDA variant's `hot_median_ms`: its kernels timed again hot (no L2 flush) after its
+/// cold timing succeeded; a failure there is the row's error. Nothing for a CPU variant.
+pub(super) fn time_hot(ready: &mut Ready, reps: usize, row: &mut ExpRow) {
+    if row.head.status != "ok" && row.head.status != "fail" {
+        return;
+    }
+    match kernel_cuda::Flush::Hot.scoped(|| ready.prepared.time_on_device(reps)) {
+        None => {}
+        Some(Ok(samples)) => row.hot_median_ms = Some(Timing { samples }.median() * 1e3),
+        Some(Err(e)) => {
+            row.head.status = "error".into();
+            row.note = format!("timed hot: {e}");
+        }
+    }
+}
+
+/// The timing columns and the status of a checked row (or status error). On a CUDA device a
+/// GB/s above the run's measured copy bandwidth makes an `ok` row an error
+/// (`Row::hold_to_copy_bandwidth`), its timing kept beside the note.
 pub(super) fn finish_row(
     row: &mut ExpRow,
     timed: kernel_common::error::Result<Timing>,
@@ -352,6 +372,8 @@ pub(super) fn finish_row(
                 row.note =
                     format!("{unwritten} output elements non-finite (unwritten or NaN leak)");
             }
+            let gbps = row.bytes as f64 / median / 1e9;
+            row.hold_to_copy_bandwidth(gbps, roof.read_gbps);
         }
         Err(e) => {
             row.head.status = "error".into();

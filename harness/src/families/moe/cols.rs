@@ -90,6 +90,11 @@ pub struct MoeCols {
     pub active_params: u64,
     pub total_params: u64,
     pub active_ratio: f64,
+    /// `cuda_grouped`: the median of the expert kernels timed hot (after the warm-up, L2 not
+    /// flushed), beside `median_ms`, which is cold (L2 flushed before each repetition).
+    /// Empty on the CPU and in runs before it.
+    #[serde(default)]
+    pub hot_median_ms: Option<f64>,
 }
 
 /// A row: the shared head, these columns, the note.

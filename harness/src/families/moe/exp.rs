@@ -7,12 +7,14 @@
 //! tokens), the whole output's distance from the same convention without a capacity limit
 //! (every token; the yardstick computed by the grouped f32 variant, whose own ~1e-7 error
 //! is far below what this measures), and the call timed: on the CPU the whole layer (router + experts) with caches flushed, on CUDA
-//! (`cuda_grouped`) the expert kernels alone with CUDA events, routing decided on the host.
+//! (`cuda_grouped`) the expert kernels alone with CUDA events, routing decided on the host,
+//! cold (L2 flushed before each repetition) and hot (`hot_median_ms`). Its rows carry no
+//! GB/s, so no copy-bandwidth bound applies to them.
 
 use super::cols::{MoeCols, MoeRow};
 use super::grid::{dropless, Layer, MoeGrid};
 use crate::error::{HarnessError, Result};
-use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::measure::{hot_timing, time_reps, CacheFlusher, Timing};
 use crate::row::Row;
 use crate::run_files::{spread, ExpRequest, RunFiles};
 use crate::spec::parse_set;
@@ -216,7 +218,8 @@ fn cpu_row(
 
 /// `cuda_grouped`: the layer's weights (uploaded once per layer and dtype) and the routed
 /// batch resident on the device (untimed), checked against the f64 experts of the rounded
-/// weights and tokens, then event-timed.
+/// weights and tokens, then event-timed: cold (L2 flushed before each repetition), then hot
+/// (`hot_median_ms`).
 fn cuda_row(
     p: &Point,
     mut row: MoeRow,
@@ -224,19 +227,21 @@ fn cuda_row(
     dtype: DType,
     reps: usize,
 ) -> MoeRow {
-    let run = || -> kernel_common::error::Result<(Vec<f32>, Timing)> {
+    let run = || -> kernel_common::error::Result<(Vec<f32>, Timing, f64)> {
         let mut batch = experts.batch(&p.cfg, p.x, &p.routing)?;
         let out = batch.run()?.to_f32();
         let samples = batch.time(reps)?;
-        Ok((out, Timing { samples }))
+        let hot_ms = hot_timing(|| batch.time(reps))?;
+        Ok((out, Timing { samples }, hot_ms))
     };
     match run() {
         Err(e) => fail(&mut row, e),
-        Ok((out, t)) => {
+        Ok((out, t, hot_ms)) => {
             let xr = Buffer::from_f32(dtype, p.x).to_f32();
             let want = experts_reference(&p.cfg, &p.w.rounded(dtype), &xr, &p.routing, p.sampled);
             p.judge(&mut row, &out, &want, dtype);
             set_timing(&mut row, &t);
+            row.hot_median_ms = Some(hot_ms);
             row.note = "timed: the expert kernels on the device (gate+up, down, combine); routing by the CPU router, untimed".into();
         }
     }

@@ -48,6 +48,11 @@ pub struct QuantCols {
     /// a quantiser peer; `batch` is 0). Absent from earlier runs: matmul.
     #[serde(default = "matmul")]
     pub op: String,
+    /// CUDA rows (ours and a peer's on the device): the median timed hot (after the warm-up,
+    /// L2 not flushed), beside `median_ms`, which is cold (L2 flushed before each
+    /// repetition). Empty on the CPU and in runs before it.
+    #[serde(default)]
+    pub hot_median_ms: Option<f64>,
 }
 
 fn matmul() -> String {

@@ -12,7 +12,7 @@ use super::cols::{QuantRow, RowBase, Stored};
 use super::peers::{QuantPeers, Timed};
 use super::report::render;
 use crate::error::{HarnessError, Result};
-use crate::measure::{time_reps, CacheFlusher, Timing};
+use crate::measure::{hot_timing, on_cuda, time_reps, CacheFlusher, Timing};
 use crate::peer::Peer;
 use crate::roofline::Roofline;
 use crate::run_files::{counts_as_failure, spread, ExpRequest, GridValues, RunFiles};
@@ -360,7 +360,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
 /// hits all of them alike and the speed-ups compare like with like. Stops after `reps`
 /// rounds, or once at least 3 rounds ran and the point has used `seconds_per_point` per row.
 /// Then fills the timing columns and the speed-ups over our fastest f32 and f16 rows of the
-/// point (a peer's row too: its time against ours).
+/// point (a peer's row too: its time against ours). CUDA rows (ours and a peer's on the
+/// device) are timed cold, L2 flushed before each repetition, then hot for `hot_median_ms`;
+/// a CUDA row's GB/s above the run's measured copy bandwidth is an error
+/// (`implausible_bandwidth`).
 fn time_interleaved(
     point: &mut [(QuantRow, Option<Timed>)],
     peers: &mut [Peer],
@@ -382,12 +385,18 @@ fn time_interleaved(
         .collect();
     let budget = limits.seconds_per_point * live as f64;
     let mut spent = 0.0;
-    // CUDA rows: the kernel alone, resident data, CUDA events (after a warm-up).
+    let mut hot: Vec<Option<f64>> = vec![None; point.len()];
+    // CUDA rows: the kernel alone, resident data, CUDA events (after a warm-up): cold (L2
+    // flushed before each repetition), then hot.
     for (i, (_, timed)) in point.iter().enumerate() {
         if let Some(Timed::Ours(m, MatVecVariant::Cuda)) = timed {
             let m = m.rows_matrix();
-            match kernel_quant::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| g.time(reps)) {
-                Ok(t) => samples[i] = t,
+            let timed = kernel_quant::cuda::DeviceGemv::new(&m, x, batch).and_then(|mut g| {
+                let cold = g.time(reps)?;
+                Ok((cold, hot_timing(|| g.time(reps))?))
+            });
+            match timed {
+                Ok((cold, hot_ms)) => (samples[i], hot[i]) = (cold, Some(hot_ms)),
                 Err(e) => errors[i] = Some(e.to_string()),
             }
         }
@@ -422,10 +431,30 @@ fn time_interleaved(
             }
         }
     }
+    // A peer on the device, timed hot once more after the rounds (the cold timing stands
+    // whatever happens to the hot one).
+    for (i, (row, timed)) in point.iter_mut().enumerate() {
+        if let (Some(Timed::Peer(k)), None) = (timed, &errors[i]) {
+            if on_cuda(&row.head.device) && !samples[i].is_empty() {
+                match peers[*k].time_hot_ms(reps) {
+                    Ok(ms) => hot[i] = ms,
+                    Err(e) => row.note = format!("no hot timing: {e}"),
+                }
+            }
+        }
+    }
     let medians: Vec<Option<f64>> = samples
         .iter()
         .map(|s| (!s.is_empty()).then(|| Timing { samples: s.clone() }.median()))
         .collect();
+    // Before the baselines are chosen: a CUDA row faster than the device's copy is an error.
+    for (i, (row, timed)) in point.iter_mut().enumerate() {
+        let (Some(_), None, Some(median)) = (timed, &errors[i], medians[i]) else {
+            continue;
+        };
+        let gbps = row.bytes as f64 / median / 1e9;
+        row.hold_to_copy_bandwidth(gbps, roof.read_gbps);
+    }
     let best = |format: &str| {
         point
             .iter()
@@ -461,6 +490,7 @@ fn time_interleaved(
         row.pct_read_bw = Some(100.0 * row.bytes as f64 / median / 1e9 / roof.read_gbps);
         row.speedup_vs_f32 = f32_best.map(|b| b / median);
         row.speedup_vs_f16 = f16_best.map(|b| b / median);
+        row.hot_median_ms = hot[i];
     }
 }
 
