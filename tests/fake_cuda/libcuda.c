@@ -114,9 +114,14 @@ CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int p) { (void)
 CUresult cuStreamDestroy_v2(CUstream s) { free(s); return OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return OK; }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { (void)s; (void)e; (void)f; return OK; }
+/* 256-byte aligned, as cuMemAlloc's allocations are, and poisoned with 0xff bytes (NaN in
+ * f32, f16 and bf16): a kernel or a copy that reads device memory nobody wrote sees NaN, as
+ * it would see garbage on a GPU, instead of whatever malloc left there. */
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-    void *m = malloc(n ? n : 1);
+    size_t rounded = ((n ? n : 1) + 255) / 256 * 256;
+    void *m = aligned_alloc(256, rounded);
     if (!m) return 2; /* out of memory */
+    memset(m, 0xff, rounded);
     *p = (CUdeviceptr)(uintptr_t)m;
     return OK;
 }

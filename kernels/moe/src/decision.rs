@@ -8,11 +8,12 @@ use kernel_common::{error::Result, KernelError};
 use std::cmp::Ordering;
 
 /// The order every selection ranks probabilities in: the higher first, a NaN (a row with a
-/// NaN or infinite logit softmaxes to all NaN) after every probability whatever its sign bit, so
-/// equal keys fall to the caller's tie-break (the lower index). The CUDA router and capacity
-/// kernels rank the same way (`moe.cu`'s `rank_key`).
+/// NaN or infinite logit softmaxes to all NaN) before every probability whatever its sign bit
+/// (`torch.topk` ranks NaN largest too), so equal keys fall to the caller's tie-break (the
+/// lower index). The CUDA router and capacity kernels rank the same way (`moe.cu`'s
+/// `rank_key`).
 pub fn higher_first(x: f64, y: f64) -> Ordering {
-    let key = |p: f64| if p.is_nan() { f64::NEG_INFINITY } else { p };
+    let key = |p: f64| if p.is_nan() { f64::INFINITY } else { p };
     key(y).total_cmp(&key(x))
 }
 

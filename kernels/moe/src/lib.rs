@@ -8,7 +8,7 @@
 //! balance loss) and a skew knob for the router — for claims C13–C15.
 //!
 //! A token whose activation holds a NaN or ±Inf is still routed (its probabilities are all
-//! NaN; selection ranks by `decision::higher_first`, NaN after every probability and ties to
+//! NaN; selection ranks by `decision::higher_first`, NaN before every probability and ties to
 //! the lower index, so it takes experts 0..k−1, never panics and names experts in range — the
 //! CUDA router and capacity kernels rank the same way) and its output is non-finite;
 //! with a capacity it may take slots, but every other token's output stays the reference's

@@ -17,7 +17,7 @@
 use crate::config::{MoeConfig, Priority};
 use crate::decision::{higher_first, Assignment, Routing};
 
-/// Experts of one token, most probable first (NaN last), ties to the lower index.
+/// Experts of one token, most probable first (NaN first), ties to the lower index.
 fn preference(p: &[f64]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| higher_first(p[a], p[b]).then(a.cmp(&b)));

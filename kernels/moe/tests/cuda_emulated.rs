@@ -195,7 +195,7 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
 /// row), top-8, score priority under a tight capacity. Rows with a NaN, +Inf or −Inf input, an
 /// row of huge activations (logits near or past f32's range) and a row scaled until most probabilities underflow to
 /// exactly 0 (ties) sit among ordinary ones. The kernels must give the CPU's probabilities
-/// (NaN where it has NaN), its choices (`decision::higher_first`: NaN after every probability,
+/// (NaN where it has NaN), its choices (`decision::higher_first`: NaN before every probability,
 /// ties to the lower expert, so an all-NaN row takes experts 0..7), its weights and its kept
 /// flags, and every expert index in range.
 fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {

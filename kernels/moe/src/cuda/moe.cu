@@ -3,11 +3,11 @@
 // rows into per-expert slots and the weighted combine of expert outputs.
 //
 // moe_route_f32: one warp per token; logits = hidden·W_gate + bias (lanes over experts), softmax in
-//   f32, k rounds of warp argmax (ties to the lower expert index, NaN after every probability,
+//   f32, k rounds of warp argmax (ties to the lower expert index, NaN before every probability,
 //   as the CPU's sort), weights renormalised over the chosen k or raw.
 // moe_capacity_f32: one thread per assignment (token·k + rank); its position in its expert's
 //   queue = the assignments to that expert ahead of it, by (token, rank) order (policy 0,
-//   `order`), by probability (NaN last), ties to the lower token (policy 1, `score`), or by (rank,
+//   `order`), by probability (NaN first), ties to the lower token (policy 1, `score`), or by (rank,
 //   token) order (policy 2, `gshard`: every first choice before any second choice). O(n²)
 //   over tiles in shared memory: a plain reference-grade kernel. Kept when position <
 //   capacity; else position −1.
@@ -19,9 +19,9 @@ constexpr int MAX_EXPERTS = 256;
 // A taken expert's mark in the router's probability row: below every rank_key.
 constexpr float TAKEN = -2.0f;
 
-// A probability as selection ranks it (the CPU's `decision::higher_first`): itself, or -1
-// (after every probability, before a taken expert) for a NaN whatever its sign bit.
-__device__ __forceinline__ float rank_key(float p) { return p != p ? -1.0f : p; }
+// A probability as selection ranks it (the CPU's `decision::higher_first`): itself, or 2
+// (before every probability, as torch.topk ranks NaN) for a NaN whatever its sign bit.
+__device__ __forceinline__ float rank_key(float p) { return p != p ? 2.0f : p; }
 
 extern "C" __global__ void moe_route_f32(const float* __restrict__ hidden, const float* __restrict__ gate,
                                          const float* __restrict__ bias, float* __restrict__ probs,
@@ -66,9 +66,9 @@ extern "C" __global__ void moe_route_f32(const float* __restrict__ hidden, const
     }
     __syncwarp();
     // k rounds of warp argmax over rank_key: a NaN probability (any NaN or infinite logit
-    // makes the whole row NaN) ranks after every probability and a taken expert after that,
-    // so every round names an untaken expert in range (k <= n_experts), as the CPU's
-    // `higher_first` selection does.
+    // makes the whole row NaN) ranks before every probability and a taken expert after
+    // everything, so every round names an untaken expert in range (k <= n_experts), as the
+    // CPU's `higher_first` selection does.
     float chosen_sum = 0.0f;
     for (int r = 0; r < k; ++r) {
         float best = -3.0f;
