@@ -65,6 +65,16 @@ impl Seq {
     fn len(&self) -> usize {
         self.req.prompt.len() + self.generated.len()
     }
+    /// Appends a generated token at clock `now`; whether the sequence is done (its stop
+    /// token, its `max_new`, or a `context`-token model full).
+    fn emit(&mut self, next: u32, now: f64, context: usize) -> bool {
+        self.generated.push(next);
+        self.token_times.push(now);
+        self.first_token.get_or_insert(now);
+        Some(next) == self.req.eos
+            || self.generated.len() >= self.req.max_new
+            || self.len() >= context
+    }
 }
 
 /// A filler sequence of a padded batch: pad tokens prefilled beside a real prompt.
@@ -648,14 +658,8 @@ impl<'m> Engine<'m> {
                 // their K/V in place: the cache holds all but the newest token again.
                 let mut emitted_n = 0;
                 for &next in &emitted {
-                    s.generated.push(next);
                     emitted_n += 1;
-                    s.token_times.push(now);
-                    s.first_token.get_or_insert(now);
-                    let stop = Some(next) == s.req.eos
-                        || s.generated.len() >= s.req.max_new
-                        || s.len() >= self.model.cfg.context;
-                    if stop {
+                    if s.emit(next, now, self.model.cfg.context) {
                         done.push(i);
                         break;
                     }
@@ -671,17 +675,12 @@ impl<'m> Engine<'m> {
                 continue; // a prompt chunk: no token yet
             }
             let next = s.sampler.sample(l);
-            s.generated.push(next);
             if s.idle {
+                s.generated.push(next);
                 self.padding.decode += 1; // padding work of a static batch, discarded
                 continue;
             }
-            s.token_times.push(now);
-            s.first_token.get_or_insert(now);
-            let stop = Some(next) == s.req.eos
-                || s.generated.len() >= s.req.max_new
-                || s.len() >= self.model.cfg.context;
-            if stop {
+            if s.emit(next, now, self.model.cfg.context) {
                 done.push(i);
             }
         }
