@@ -12,13 +12,91 @@ use kernel_cuda::{blocks_for, Launch};
 use kernel_test_support::emu::{Arg, EmuModule};
 use kernel_test_support::emulated::{assert_close, module, nan_bytes};
 
+/// What the router kernel wrote: probabilities (as bytes), chosen experts, their
+/// probabilities and the combine weights.
+struct EmulatedRouting {
+    probs: Vec<u8>,
+    experts: Vec<i32>,
+    gate_probs: Vec<f32>,
+    weights: Vec<f32>,
+}
+
+/// `moe_route_f32` over `c`'s tokens with the launch `plan_route` gives, on outputs poisoned
+/// with values no router writes (probability 1.5, expert −7).
+fn emulated_route(
+    m: &EmuModule,
+    c: &kernel_moe::MoeConfig,
+    x: &[f32],
+    w: &kernel_moe::MoeWeights,
+) -> EmulatedRouting {
+    let (t, k, e) = (c.tokens, c.top_k().unwrap(), c.experts);
+    let (xb, gb, bb) = (f32_bytes(x), f32_bytes(&w.router), f32_bytes(&w.bias));
+    let mut probs = f32_bytes(&vec![1.5; t * e]);
+    let mut ex = i32_bytes(&vec![-7; t * k]);
+    let mut gp = f32_bytes(&vec![1.5; t * k]);
+    let mut wt = f32_bytes(&vec![1.5; t * k]);
+    let i = |v: usize| Arg::I32(v as i32);
+    m.launch(
+        "moe_route_f32",
+        kernel_moe::cuda::plan_route(c).unwrap(),
+        &mut [
+            Arg::In(&xb),
+            Arg::In(&gb),
+            Arg::In(&bb),
+            Arg::Out(&mut probs),
+            Arg::Out(&mut ex),
+            Arg::Out(&mut gp),
+            Arg::Out(&mut wt),
+            i(t),
+            i(c.d_model),
+            i(e),
+            i(k),
+            Arg::I32((c.norm != kernel_moe::WeightNorm::Raw) as i32),
+        ],
+    )
+    .unwrap();
+    EmulatedRouting {
+        probs,
+        experts: i32_from_bytes(&ex),
+        gate_probs: f32_from_bytes(&gp),
+        weights: f32_from_bytes(&wt),
+    }
+}
+
+/// `moe_capacity_f32`: each assignment's slot in its expert's queue under `c`'s policy, or −1.
+fn emulated_capacity(
+    m: &EmuModule,
+    c: &kernel_moe::MoeConfig,
+    experts: &[i32],
+    gate_probs: &[f32],
+) -> Vec<i32> {
+    use kernel_moe::cuda::{capacity_policy_code, slots_per_expert};
+    let n = experts.len();
+    let mut pos = i32_bytes(&vec![i32::MIN; n]);
+    let i = |v: usize| Arg::I32(v as i32);
+    m.launch(
+        "moe_capacity_f32",
+        Launch::new((blocks_for(n, 256), 1, 1), 256, 0).unwrap(),
+        &mut [
+            Arg::In(&i32_bytes(experts)),
+            Arg::In(&f32_bytes(gate_probs)),
+            Arg::Out(&mut pos),
+            i(n),
+            i(c.top_k().unwrap()),
+            i(slots_per_expert(c)),
+            Arg::I32(capacity_policy_code(c.policy().unwrap()).unwrap()),
+        ],
+    )
+    .unwrap();
+    i32_from_bytes(&pos)
+}
+
 #[test]
 fn moe_route_capacity_dispatch_combine_match_the_cpu() {
     let Some(m) = module(&kernel_moe::cuda::SOURCE) else {
         return;
     };
-    use kernel_moe::cuda::capacity_policy_code;
-    use kernel_moe::cuda::{plan_route, slots_per_expert};
+    use kernel_moe::cuda::slots_per_expert;
     use kernel_moe::WeightNorm::{Raw, Renormalize};
     use kernel_moe::{route_reference, select, Capacity, MoeConfig, MoeWeights, Priority};
     let layer = |experts, top_k, policy, norm, capacity| {
@@ -41,32 +119,10 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
         let w = MoeWeights::random(c, 1.0, ci as u64);
         let x = normal_f32(&mut rng(ci as u64 ^ 9), c.tokens * c.d_model, 1.0);
         let (t, k, e) = (c.tokens, c.top_k().unwrap(), c.experts);
-        let (xb, gb, bb) = (f32_bytes(&x), f32_bytes(&w.router), f32_bytes(&w.bias));
-        let mut probs = f32_bytes(&vec![f32::NAN; t * e]);
-        let mut ex = i32_bytes(&vec![-1; t * k]);
-        let mut gp = f32_bytes(&vec![f32::NAN; t * k]);
-        let mut wt = f32_bytes(&vec![f32::NAN; t * k]);
+        let r = emulated_route(&m, c, &x, &w);
+        let (probs, experts, weights) = (f32_from_bytes(&r.probs), r.experts, r.weights);
+        let ex = i32_bytes(&experts);
         let i = |v: usize| Arg::I32(v as i32);
-        m.launch(
-            "moe_route_f32",
-            plan_route(c).unwrap(),
-            &mut [
-                Arg::In(&xb),
-                Arg::In(&gb),
-                Arg::In(&bb),
-                Arg::Out(&mut probs),
-                Arg::Out(&mut ex),
-                Arg::Out(&mut gp),
-                Arg::Out(&mut wt),
-                i(t),
-                i(c.d_model),
-                i(e),
-                i(k),
-                Arg::I32((c.norm == Renormalize) as i32),
-            ],
-        )
-        .unwrap();
-        let probs = f32_from_bytes(&probs);
         let exact = route_reference(c, &x, &w.router, &w.bias).unwrap();
         assert_close("router probs", &probs, &exact.probs, tolerance(DType::F32));
         let cpu = select(c, probs.iter().map(|&p| p as f64).collect());
@@ -87,32 +143,15 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
                 "the case must tell gshard from order"
             );
         }
-        let experts = i32_from_bytes(&ex);
         for (a, &got) in cpu.assignments.iter().zip(&experts) {
             assert_eq!(a.expert as i32, got, "config {ci}: top-k choice");
         }
-        let weights = f32_from_bytes(&wt);
         let want_w: Vec<f64> = cpu.assignments.iter().map(|a| a.weight).collect();
         assert_close("weights", &weights, &want_w, tolerance(DType::F32));
         // Capacity positions: kept exactly when the CPU keeps, positions 0..kept per expert.
         let cap = slots_per_expert(c);
-        let mut pos = i32_bytes(&vec![i32::MIN; t * k]);
         let n = t * k;
-        m.launch(
-            "moe_capacity_f32",
-            Launch::new((blocks_for(n, 256), 1, 1), 256, 0).unwrap(),
-            &mut [
-                Arg::In(&ex),
-                Arg::In(&gp),
-                Arg::Out(&mut pos),
-                i(n),
-                i(k),
-                i(cap),
-                Arg::I32(capacity_policy_code(c.policy().unwrap()).unwrap()),
-            ],
-        )
-        .unwrap();
-        let pos = i32_from_bytes(&pos);
+        let pos = emulated_capacity(&m, c, &experts, &r.gate_probs);
         let mut per_expert = vec![vec![]; e];
         for (a, &p) in cpu.assignments.iter().zip(&pos) {
             assert_eq!(a.kept, p >= 0, "config {ci}: kept flag of {a:?}");
@@ -199,7 +238,6 @@ fn moe_route_capacity_dispatch_combine_match_the_cpu() {
 /// ties to the lower expert, so an all-NaN row takes experts 0..7), its weights and its kept
 /// flags, and every expert index in range.
 fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {
-    use kernel_moe::cuda::{capacity_policy_code, plan_route, slots_per_expert};
     use kernel_moe::{route, select, Capacity, MoeConfig, MoeWeights, Priority, WeightNorm};
     let (t, d, e, k) = (13, 24, 256, 8);
     for (policy, norm) in [
@@ -215,32 +253,8 @@ fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {
         x[5 * d..6 * d].iter_mut().for_each(|v| *v *= 1e38);
         x[7 * d..8 * d].iter_mut().for_each(|v| *v *= 300.0);
         x[9 * d..10 * d].fill(f32::NAN);
-        let (xb, gb, bb) = (f32_bytes(&x), f32_bytes(&w.router), f32_bytes(&w.bias));
-        let mut probs = f32_bytes(&vec![1.5; t * e]);
-        let mut ex = i32_bytes(&vec![-7; t * k]);
-        let mut gp = f32_bytes(&vec![1.5; t * k]);
-        let mut wt = f32_bytes(&vec![1.5; t * k]);
-        let i = |v: usize| Arg::I32(v as i32);
-        m.launch(
-            "moe_route_f32",
-            plan_route(&c).unwrap(),
-            &mut [
-                Arg::In(&xb),
-                Arg::In(&gb),
-                Arg::In(&bb),
-                Arg::Out(&mut probs),
-                Arg::Out(&mut ex),
-                Arg::Out(&mut gp),
-                Arg::Out(&mut wt),
-                i(t),
-                i(d),
-                i(e),
-                i(k),
-                Arg::I32((norm == WeightNorm::Renormalize) as i32),
-            ],
-        )
-        .unwrap();
-        let probs = f32_from_bytes(&probs);
+        let r = emulated_route(m, &c, &x, &w);
+        let probs = f32_from_bytes(&r.probs);
         let cpu_probs = route(&c, &x, &w.router, &w.bias).unwrap().probs;
         let nan_rows: Vec<usize> = (0..t)
             .filter(|&r| cpu_probs[r * e..(r + 1) * e].iter().all(|p| p.is_nan()))
@@ -259,36 +273,20 @@ fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {
             }
         }
         let cpu = select(&c, probs.iter().map(|&p| p as f64).collect());
-        let experts = i32_from_bytes(&ex);
+        let experts = r.experts.as_slice();
         assert!(experts.iter().all(|&x| (0..e as i32).contains(&x)));
-        for (a, &got) in cpu.assignments.iter().zip(&experts) {
+        for (a, &got) in cpu.assignments.iter().zip(experts) {
             assert_eq!(a.expert as i32, got, "{policy:?}: top-k choice of {a:?}");
         }
         assert_eq!(&experts[9 * k..10 * k], &[0, 1, 2, 3, 4, 5, 6, 7]);
-        for (a, &got) in cpu.assignments.iter().zip(&f32_from_bytes(&wt)) {
+        for (a, &got) in cpu.assignments.iter().zip(&r.weights) {
             if a.weight.is_nan() {
                 assert!(got.is_nan(), "{a:?}: weight {got}, the CPU has NaN");
             } else {
                 assert!((got as f64 - a.weight).abs() <= 1e-5, "{a:?}: weight {got}");
             }
         }
-        let n = t * k;
-        let mut pos = i32_bytes(&vec![i32::MIN; n]);
-        m.launch(
-            "moe_capacity_f32",
-            Launch::new((blocks_for(n, 256), 1, 1), 256, 0).unwrap(),
-            &mut [
-                Arg::In(&ex),
-                Arg::In(&gp),
-                Arg::Out(&mut pos),
-                i(n),
-                i(k),
-                i(slots_per_expert(&c)),
-                Arg::I32(capacity_policy_code(policy).unwrap()),
-            ],
-        )
-        .unwrap();
-        let pos = i32_from_bytes(&pos);
+        let pos = emulated_capacity(m, &c, experts, &r.gate_probs);
         assert!(
             cpu.assignments.iter().any(|a| !a.kept),
             "a tight capacity drops"
@@ -296,7 +294,7 @@ fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {
         for (a, &p) in cpu.assignments.iter().zip(&pos) {
             assert_eq!(a.kept, p >= 0, "{policy:?}: kept flag of {a:?}");
         }
-        kernel_moe::cuda::check_decisions(&c, &experts, &pos).unwrap();
+        kernel_moe::cuda::check_decisions(&c, experts, &pos).unwrap();
     }
 }
 
