@@ -6,12 +6,13 @@
 //! drafts are verified in steps shared with other requests (chi-square on the vocabulary-8
 //! preset).
 
+mod common;
+
 use kernel_test_support::stats::chi_square;
 use models::serve::speculate::EngineSpeculation;
 use models::speculative::chain::EngineSpec;
 use models::{
     load, BatchingMode, Engine, Llama, LoadOptions, Request, SamplerConfig, SchedulerConfig,
-    Session,
 };
 use std::collections::BTreeMap;
 
@@ -171,29 +172,7 @@ fn sampled_speculation_in_the_batch_keeps_the_joint_of_three_tokens() {
     let target = model("micro");
     let prompt = [1u32, 5, 2, 7, 3];
     let probs = models::Sampler::new(sampler(1.0, 3, 0)).unwrap();
-    let after = |extra: &[u32]| -> Vec<f64> {
-        let mut s = Session::new(&target, 16, 16).unwrap();
-        let mut logits = s.forward(&prompt).unwrap();
-        for &x in extra {
-            logits = s.forward(&[x]).unwrap();
-        }
-        probs.probs(&logits).into_iter().map(f64::from).collect()
-    };
-    let mut expected = vec![0.0f64; 512];
-    let mut prefixes = vec![(vec![], 1.0f64)];
-    while let Some((prefix, p)) = prefixes.pop() {
-        if prefix.len() == 3 {
-            expected[prefix.iter().fold(0, |c, &t| c * 8 + t as usize)] = p;
-            continue;
-        }
-        for (x, &px) in after(&prefix).iter().enumerate() {
-            if px > 0.0 {
-                let mut next = prefix.clone();
-                next.push(x as u32);
-                prefixes.push((next, p * px));
-            }
-        }
-    }
+    let expected = common::target_joint(&target, &prompt, &probs, 3);
     let n = 4000u64;
     let reqs: Vec<Request> = (0..n)
         .map(|id| Request {

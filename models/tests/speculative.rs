@@ -7,6 +7,8 @@
 //! under top-k 3); bad configurations are errors. (The planted wrong draft distributions that
 //! the same deep-tree test rejects are in `kernels/speculative/tests/verify.rs`.)
 
+mod common;
+
 use kernel_speculative::{DraftTree, TreeShape};
 use kernel_test_support::stats::{chi_square, ChiSquare};
 use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
@@ -201,32 +203,8 @@ fn joint_fit_with<D: Drafter + Send>(
         seed,
     };
     let sampler = models::Sampler::new(t(0)).unwrap();
-    let after = |extra: &[u32]| -> Vec<f64> {
-        let mut s = Session::new(&target, 16, 16).unwrap();
-        let mut logits = s.forward(&prompt).unwrap();
-        for &x in extra {
-            logits = s.forward(&[x]).unwrap();
-        }
-        sampler.probs(&logits).into_iter().map(f64::from).collect()
-    };
-    // The target's joint over 8^tokens cells, one prefix at a time (prefixes of probability
-    // 0 are skipped).
-    let mut expected = vec![0.0f64; 8usize.pow(tokens as u32)];
-    let mut prefixes = vec![(vec![], 1.0f64)];
-    while let Some((prefix, p)) = prefixes.pop() {
-        if prefix.len() == tokens {
-            let cell = prefix.iter().fold(0, |c, &t| c * 8 + t as usize);
-            expected[cell] = p;
-            continue;
-        }
-        for (x, &px) in after(&prefix).iter().enumerate() {
-            if px > 0.0 {
-                let mut next = prefix.clone();
-                next.push(x as u32);
-                prefixes.push((next, p * px));
-            }
-        }
-    }
+    // The target's joint over 8^tokens cells.
+    let expected = common::target_joint(&target, &prompt, &sampler, tokens);
     let mut counts = vec![0u64; expected.len()];
     let mut deep = 0;
     // One thread: the test measures a distribution, and a spinning team on a busy machine

@@ -1,0 +1,36 @@
+//! What the speculative tests share: the target's own joint distribution of its first tokens
+//! after a prompt, the oracle their chi-square tests compare sampled outputs with.
+
+use models::{Llama, Sampler, Session};
+
+/// The target's joint p(t1)·p(t2 | t1)·… of its first `tokens` tokens after `prompt`, under
+/// `sampler`'s distribution (temperature, top-k, top-p), over vocab^tokens cells (cell = the
+/// tokens read as digits base vocab, first token most significant). Prefixes of probability 0
+/// are not expanded.
+pub fn target_joint(target: &Llama, prompt: &[u32], sampler: &Sampler, tokens: usize) -> Vec<f64> {
+    let vocab = target.cfg.vocab;
+    let after = |extra: &[u32]| -> Vec<f64> {
+        let mut s = Session::new(target, 16, 16).unwrap();
+        let mut logits = s.forward(prompt).unwrap();
+        for &x in extra {
+            logits = s.forward(&[x]).unwrap();
+        }
+        sampler.probs(&logits).into_iter().map(f64::from).collect()
+    };
+    let mut expected = vec![0.0f64; vocab.pow(tokens as u32)];
+    let mut prefixes = vec![(vec![], 1.0f64)];
+    while let Some((prefix, p)) = prefixes.pop() {
+        if prefix.len() == tokens {
+            expected[prefix.iter().fold(0, |c, &t| c * vocab + t as usize)] = p;
+            continue;
+        }
+        for (x, &px) in after(&prefix).iter().enumerate() {
+            if px > 0.0 {
+                let mut next = prefix.clone();
+                next.push(x as u32);
+                prefixes.push((next, p * px));
+            }
+        }
+    }
+    expected
+}
