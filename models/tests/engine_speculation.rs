@@ -66,27 +66,6 @@ fn requests() -> Vec<Request> {
         .collect()
 }
 
-fn run<'m>(
-    m: &'m Llama,
-    c: SchedulerConfig,
-    spec: Option<EngineSpeculation>,
-    reqs: &[Request],
-) -> Engine<'m> {
-    let mut e = Engine::new(m, c).unwrap();
-    if let Some(s) = spec {
-        e = e.with_speculation(s).unwrap();
-    }
-    e.submit(reqs.to_vec()).unwrap();
-    e.run(|_| {}).unwrap();
-    assert_eq!(e.finished.len(), reqs.len());
-    assert_eq!(
-        e.blocks.free_blocks(),
-        c.num_blocks,
-        "every block comes back"
-    );
-    e
-}
-
 #[test]
 fn greedy_speculation_in_the_batch_equals_plain_greedy() {
     let m = model("tiny-gqa");
@@ -118,7 +97,7 @@ fn greedy_speculation_in_the_batch_equals_plain_greedy() {
         // Blocks for about two requests at once: sequences are preempted and recomputed.
         (cfg(continuous, 24, 4, false), "ngram:k=4"),
     ] {
-        let e = run(&m, c, Some(spec(drafter, m.cfg.vocab)), &reqs);
+        let e = common::serve(&m, c, Some(spec(drafter, m.cfg.vocab)), &reqs);
         let got: BTreeMap<u64, Vec<u32>> = e
             .finished
             .iter()
@@ -199,7 +178,7 @@ fn sampled_speculation_in_the_batch_keeps_the_joint_of_three_tokens() {
         .num_threads(1)
         .build()
         .unwrap();
-    let e = pool.install(|| run(&target, c, Some(spec("suffix:4:k=2", 8)), &reqs));
+    let e = pool.install(|| common::serve(&target, c, Some(spec("suffix:4:k=2", 8)), &reqs));
     let mut counts = vec![0u64; 512];
     for f in &e.finished {
         counts[f.generated.iter().fold(0, |c, &t| c * 8 + t as usize)] += 1;

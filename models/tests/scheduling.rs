@@ -5,6 +5,8 @@
 //! step's budget on a prompt before any decode; the latency objective pauses the long
 //! sequence when broken, never when met, changes no output, and refuses bad knobs.
 
+mod common;
+
 use models::serve::scheduler::SloPolicy;
 use models::{
     load, BatchingMode, Engine, Llama, LoadOptions, Request, SamplerConfig, SchedulerConfig,
@@ -67,16 +69,7 @@ fn outputs(e: &Engine) -> BTreeMap<u64, Vec<u32>> {
 }
 
 fn serve<'m>(m: &'m Llama, c: SchedulerConfig, reqs: &[Request]) -> Engine<'m> {
-    let mut e = Engine::new(m, c).unwrap();
-    e.submit(reqs.to_vec()).unwrap();
-    e.run(|_| {}).unwrap();
-    assert_eq!(e.finished.len(), reqs.len());
-    assert_eq!(
-        e.blocks.free_blocks(),
-        c.num_blocks,
-        "every block comes back"
-    );
-    e
+    common::serve(m, c, None, reqs)
 }
 
 #[test]

@@ -1,7 +1,35 @@
-//! What the speculative tests share: the target's own joint distribution of its first tokens
-//! after a prompt, the oracle their chi-square tests compare sampled outputs with.
+//! What the serving and speculative tests share: an engine run to completion with its
+//! invariants checked, and the target's own joint distribution of its first tokens after a
+//! prompt, the oracle their chi-square tests compare sampled outputs with.
 
-use models::{Llama, Sampler, Session};
+// Each test crate that includes this module uses a part of it.
+#![allow(dead_code)]
+
+use models::serve::speculate::EngineSpeculation;
+use models::{Engine, Llama, Request, Sampler, SchedulerConfig, Session};
+
+/// `reqs` served to completion by an engine over `m` (with `spec`'s speculation, if any):
+/// every request finishes and every KV block comes back.
+pub fn serve<'m>(
+    m: &'m Llama,
+    c: SchedulerConfig,
+    spec: Option<EngineSpeculation>,
+    reqs: &[Request],
+) -> Engine<'m> {
+    let mut e = Engine::new(m, c).unwrap();
+    if let Some(s) = spec {
+        e = e.with_speculation(s).unwrap();
+    }
+    e.submit(reqs.to_vec()).unwrap();
+    e.run(|_| {}).unwrap();
+    assert_eq!(e.finished.len(), reqs.len());
+    assert_eq!(
+        e.blocks.free_blocks(),
+        c.num_blocks,
+        "every block comes back"
+    );
+    e
+}
 
 /// The target's joint p(t1)·p(t2 | t1)·… of its first `tokens` tokens after `prompt`, under
 /// `sampler`'s distribution (temperature, top-k, top-p), over vocab^tokens cells (cell = the
