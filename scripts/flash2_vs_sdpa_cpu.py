@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """flash2 causal prefill (`harness exp speed_bars`, its prefill point) beside PyTorch's CPU
 scaled_dot_product_attention on the same shape (batch 1, 32 query / 8 KV heads, 2048 tokens,
-head_dim 128, f32, causal, 2 threads), in alternating rounds, per ISA tier: our side runs
-`harness --isa T`, torch runs with ATEN_CPU_CAPABILITY=T (its own dispatch: avx512 / avx2 /
-default). Also times paged decode (batch 8 × 4096, the speed_bars decode point) at each tier,
-as GB/s against the run's measured read bandwidth. Run it with a Python that has torch:
+head_dim 128, f32, causal, 2 threads), per ISA tier: each round one harness run per tier,
+`harness --isa T exp speed_bars --variant flash2 --peer torch_sdpa:cpu_capability=T'`, so
+both sides are checked and timed the same way in one run — SDPA's output against the same
+f64 reference as ours (status ok), both timed after that untimed checking call with the
+host's caches evicted before every timed call, the same number of repetitions — and torch
+runs its own dispatch at the tier (T' = avx512 / avx2 / default, ATEN_CPU_CAPABILITY, set by
+the peer). Also times paged decode (batch 8 × 4096, the speed_bars decode point) at each
+tier, as GB/s against the run's measured read bandwidth. Needs the peers
+(scripts/fetch-peers.sh: target/peers/venv with torch):
 
-  /path/to/venv/bin/python scripts/flash2_vs_sdpa_cpu.py --rounds 5
+  python3 scripts/flash2_vs_sdpa_cpu.py --rounds 5
 
 Writes results/flash2_vs_sdpa_cpu/<run-id>.{json,md}.
 """
@@ -24,26 +29,6 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_CAP = {"avx512": "avx512", "avx2": "avx2", "portable": "default"}
 
-SDPA = r"""
-import json, sys, time, torch
-import torch.nn.functional as F
-torch.set_num_threads(int(sys.argv[1]))
-reps = int(sys.argv[2])
-torch.manual_seed(0)
-q = torch.randn(1, 32, 2048, 128)
-k = torch.randn(1, 8, 2048, 128)
-v = torch.randn(1, 8, 2048, 128)
-run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-for _ in range(2):
-    run()
-t = []
-for _ in range(reps):
-    a = time.perf_counter(); run(); t.append(time.perf_counter() - a)
-t.sort()
-print(json.dumps({"median_s": t[len(t) // 2], "min_s": t[0], "torch": torch.__version__,
-                  "cpu_capability": torch.backends.cpu.get_cpu_capability()}))
-"""
-
 
 def run(cmd, env=None):
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -52,17 +37,19 @@ def run(cmd, env=None):
     return out.stdout
 
 
-def harness_exp(harness, isa, results, sets, variant, reps):
+def harness_exp(harness, isa, results, sets, variant, reps, peer=None):
+    """One harness run: our `variant`'s row (and `peer`'s, if named) and the provenance."""
     args = [harness, "--isa", isa, "--results-dir", results, "exp", "speed_bars", "--threads", "2",
             "--variant", variant, "--reps", str(reps)] + [a for s in sets for a in ("--set", s)]
+    args += ["--peer", peer] if peer else ["--no-peers"]
     run(args)
     newest = max(glob.glob(os.path.join(results, "speed_bars", "*.csv")), key=os.path.getmtime)
-    rows = list(csv.DictReader(open(newest)))
+    rows = {r["variant"]: r for r in csv.DictReader(open(newest))}
     prov = json.load(open(newest[:-4] + ".json"))
-    r = rows[0]
-    if r["status"] != "ok":
-        sys.exit(f"error: {variant} at {isa}: status {r['status']} {r['note']}")
-    return float(r["median_ms"]) / 1e3, r, prov
+    for name, r in rows.items():
+        if r["status"] != "ok":
+            sys.exit(f"error: {name} at {isa}: status {r['status']} {r['note']}")
+    return rows, prov
 
 
 def git(*a):
@@ -85,15 +72,16 @@ def main():
     samples, torch_info, decode, read = {}, {}, {}, {}
     for r in range(a.rounds):
         for isa in a.isa.split(","):
-            env = dict(os.environ, ATEN_CPU_CAPABILITY=TORCH_CAP[isa], OMP_NUM_THREADS="2")
-            t = json.loads(run([sys.executable, "-c", SDPA, "2", str(a.reps)], env=env))
-            torch_info[isa] = {k: t[k] for k in ("torch", "cpu_capability")}
-            samples.setdefault(f"{isa}|sdpa", []).append(t["median_s"])
-            s, row, prov = harness_exp(a.harness, isa, scratch,
-                                       ["mode=prefill", "batch=1", "kv_len=2048"], "flash2", a.reps)
-            samples.setdefault(f"{isa}|flash2", []).append(s)
-            s, row, prov = harness_exp(a.harness, isa, scratch,
-                                       ["mode=decode", "batch=8", "kv_len=4096"], "paged:bs=16", a.reps)
+            peer = f"torch_sdpa:cpu_capability={TORCH_CAP[isa]}"
+            rows, _ = harness_exp(a.harness, isa, scratch, ["mode=prefill", "batch=1", "kv_len=2048"],
+                                  "flash2", a.reps, peer)
+            ours = next(r for name, r in rows.items() if name.startswith("flash2"))
+            torch_info[isa] = rows[peer]["peer_version"]
+            samples.setdefault(f"{isa}|sdpa", []).append(float(rows[peer]["median_ms"]) / 1e3)
+            samples.setdefault(f"{isa}|flash2", []).append(float(ours["median_ms"]) / 1e3)
+            rows, prov = harness_exp(a.harness, isa, scratch, ["mode=decode", "batch=8", "kv_len=4096"],
+                                     "paged:bs=16", a.reps)
+            row = next(iter(rows.values()))
             decode.setdefault(isa, []).append(float(row["gbps"]))
             read.setdefault(isa, []).append(prov["roofline"]["read_gbps"])
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
@@ -121,7 +109,9 @@ def main():
         json.dump(out, f, indent=1)
     md = [f"# flash2_vs_sdpa_cpu {run_id}\n",
           f"**Machine.** {cpu}, 2 threads; git {out['git_sha']}{' (dirty)' if out['git_dirty'] else ''}; torch {torch_info}.\n",
-          f"Alternating rounds ({a.rounds}), each a median of {a.reps} calls after warm-up.\n",
+          f"Rounds ({a.rounds}) of one harness run per tier, flash2 and SDPA (torch_sdpa peer, output "
+          f"checked against the f64 reference) in the same run, each a median of {a.reps} calls, "
+          "caches evicted before each.\n",
           "| ISA | case | ours | peer | ratio per round (min–max, median) |", "|---|---|---|---|---|"]
     for isa in a.isa.split(","):
         f2, sd = samples[f"{isa}|flash2"], samples[f"{isa}|sdpa"]

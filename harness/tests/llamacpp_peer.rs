@@ -3,7 +3,8 @@
 //! needed): batch 1 times through llama-bench (ms per generated token), batch B > 1 through
 //! llama-batched-bench with `-npp CONTEXT -ntg STEPS -npl B -c B·(CONTEXT + STEPS)` (ms per
 //! step of B tokens, from its jsonl `t_tg`), and a batch point without llama-batched-bench is
-//! `unsupported`, not an error.
+//! `unsupported`, not an error; the check's `run` answers llama-simple's stdout and its
+//! decoded count, and without llama-simple says `unsupported`.
 
 mod common;
 
@@ -112,4 +113,47 @@ echo '{{"pp": 16, "tg": 8, "pl": 4, "n_kv": 96, "t_pp": 0.1, "speed_pp": 640.0, 
         "{r:?}"
     );
     assert_eq!(r[2]["ok"], true, "{r:?}");
+}
+
+#[test]
+fn the_check_runs_llama_simple_on_the_prompt() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");
+        return;
+    }
+    let t = TempDir::new("llamacpp_peer", "simple");
+    let bin = t.join("build-avx2/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    script(&bin.join("llama-bench"), "exit 0");
+    let args_log = t.join("simple.args");
+    script(
+        &bin.join("llama-simple"),
+        &format!(
+            r#"echo "$@" > {}
+printf 'Hi there. Fine\n'
+echo 'main: decoded 2 tokens in 0.01 s, speed: 200.00 t/s' >&2"#,
+            args_log.display()
+        ),
+    );
+    let model = t.join("m.gguf");
+    std::fs::write(&model, b"GGUF").unwrap();
+    let hello = json!({"op": "hello", "options": {"build": "avx2"}});
+    let load = json!({"op": "load", "inputs": model.display().to_string(), "threads": 2,
+                      "device": "cpu", "point": {"phase": "decode", "batch": 1, "context": 16, "steps": 8}});
+    let run = json!({"op": "run", "check": {"prompt": "Hi there.", "tokens": 2}});
+    let r = talk(&t.0, &[hello.clone(), load.clone(), run.clone()]);
+    assert_eq!(r[2]["ok"], true, "{r:?}");
+    assert_eq!(r[2]["text"], "Hi there. Fine\n", "{r:?}");
+    assert_eq!(r[2]["decoded"], 2, "{r:?}");
+    let args = std::fs::read_to_string(&args_log).unwrap();
+    assert!(args.contains("-n 2 Hi there."), "{args}");
+    assert!(args.contains(&format!("-m {}", model.display())), "{args}");
+    std::fs::remove_file(bin.join("llama-simple")).unwrap();
+    let r = talk(&t.0, &[hello, load, run]);
+    assert!(
+        r[2]["unsupported"]
+            .as_str()
+            .is_some_and(|w| w.contains("llama-simple")),
+        "{r:?}"
+    );
 }

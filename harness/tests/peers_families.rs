@@ -3,7 +3,9 @@
 //! formats (a wrong one is `fail`); a quantiser peer's bytes are compared with ours byte for
 //! byte (one flipped bit is `fail`, naming the block) and timed beside our quantiser, for the
 //! formats it serves only; a decode peer is timed in rounds alternating with ours at the
-//! points it serves (one sequence, native weights) and says `unsupported` at the others;
+//! points it serves (one sequence, native weights) and says `unsupported` at the others, once
+//! its greedy tokens pass the check against our model (a continuation that does not is
+//! `fail`, a model without a tokenizer `error`, and neither is timed);
 //! peer options reach the peer, and bad ones are one line, exit 2, nothing written.
 
 use std::fs;
@@ -248,14 +250,22 @@ fn bad_peer_options_are_one_line_and_write_nothing() {
     }
 }
 
-const DECODE_SPEC: &str = r#"name = "tiny_decode"
+const SMOLLM2: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../models/cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+);
+
+/// A decode spec over `model`.
+fn decode_spec(model: &str) -> String {
+    format!(
+        r#"name = "tiny_decode"
 question = "Does a decode peer run beside the model?"
 claims = ["C1"]
 family = "decode"
 variants = ["model"]
 
 [grid]
-model = ["tiny-gqa"]
+model = ["{model}"]
 weights = ["native", "q8_0"]
 matmul = ["fused"]
 batch = [1, 2]
@@ -270,26 +280,47 @@ peer = "pydecode"
 x = "batch"
 panel = "matmul"
 series = "weights"
-y = { "*" = "tokens_per_s" }
-"#;
+y = {{ "*" = "tokens_per_s" }}
+"#
+    )
+}
 
-#[test]
-fn decode_peers_alternate_with_ours_where_they_serve() {
+/// SmolLM2's path, or `None` after saying why the test skips.
+fn smollm2() -> Option<&'static str> {
     if !python_present() {
         eprintln!("SKIPPED: python3 is not on PATH (the test peer is a Python script)");
-        return;
+        return None;
     }
-    let t = setup("decode", "tiny_decode", DECODE_SPEC);
-    let log = t.join("decode.log");
+    if !Path::new(SMOLLM2).exists() {
+        eprintln!("SKIPPED: {SMOLLM2} is absent (run scripts/fetch-models.sh)");
+        return None;
+    }
+    Some(SMOLLM2)
+}
+
+/// Registers pydecode (its check's tokens from our `harness generate`, swapped if `corrupt`).
+fn register_pydecode(t: &TempDir, log: &Path, corrupt: bool) {
     let log_s = log.display().to_string();
+    let mut command = vec!["python3", PYDECODE, "--log", &log_s, "--harness", BIN];
+    if corrupt {
+        command.push("--corrupt");
+    }
     register(
         &t.join("peers"),
         "pydecode",
         "decode",
-        &["python3", PYDECODE, "--log", &log_s],
-        30.0,
+        &command,
+        60.0,
         "modes = [\"decode\", \"prefill\"]",
     );
+}
+
+#[test]
+fn decode_peers_alternate_with_ours_where_they_serve() {
+    let Some(model) = smollm2() else { return };
+    let t = setup("decode", "tiny_decode", &decode_spec(model));
+    let log = t.join("decode.log");
+    register_pydecode(&t, &log, false);
     let out = exp(&t, "tiny_decode", &["--peer", "pydecode"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -305,6 +336,9 @@ fn decode_peers_alternate_with_ours_where_they_serve() {
             ("decode", "1") | ("prefill", "1") => {
                 assert_eq!(r["status"], "ok", "{r:?}");
                 assert_eq!(r["reps"], "3", "one sample per round of ours: {r:?}");
+                // Our own greedy tokens, scored by the same model and threads: no margin.
+                assert!(r["note"].starts_with("checked: "), "{r:?}");
+                assert!(r["note"].contains("worst margin 0.000 logits"), "{r:?}");
                 assert!(r["tokens_per_s"].parse::<f64>().unwrap() > 0.0);
             }
             ("decode", "2") => {
@@ -357,4 +391,63 @@ fn decode_peers_alternate_with_ours_where_they_serve() {
     let md = fs::read_to_string(md).unwrap();
     assert!(md.contains("## Against pydecode"), "{md}");
     assert!(md.contains("pydecode decodes one sequence"), "{md}");
+}
+
+#[test]
+fn a_decode_peer_is_timed_only_once_its_tokens_agree_with_ours() {
+    let Some(model) = smollm2() else { return };
+    // Its continuation with two words swapped: our model is sure of the first, so it fails.
+    let t = setup("decode_corrupt", "tiny_decode", &decode_spec(model));
+    let log = t.join("decode.log");
+    register_pydecode(&t, &log, true);
+    let out = exp(&t, "tiny_decode", &["--peer", "pydecode"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = rows(&t.join("results/tiny_decode"));
+    let peer: Vec<_> = got.iter().filter(|r| r["variant"] == "pydecode").collect();
+    for r in peer.iter().filter(|r| r["batch"] == "1") {
+        assert_eq!(r["status"], "fail", "{r:?}");
+        assert_eq!(r["reps"], "0", "{r:?}");
+        assert!(
+            r["note"].contains("worst margin") && r["note"].contains("(bound 0.7)"),
+            "{r:?}"
+        );
+    }
+    let log_text = fs::read_to_string(&log).unwrap();
+    assert!(
+        !log_text.contains(" time "),
+        "a failed peer is never timed: {log_text}"
+    );
+    assert!(
+        log_text.contains("pydecode run "),
+        "the check ran: {log_text}"
+    );
+    // A preset has no tokenizer: nothing to compare the peer's text with, so no times either.
+    let t = setup("decode_preset", "tiny_decode", &decode_spec("tiny-gqa"));
+    let log = t.join("decode.log");
+    register_pydecode(&t, &log, false);
+    let out = exp(&t, "tiny_decode", &["--peer", "pydecode"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = rows(&t.join("results/tiny_decode"));
+    for r in got
+        .iter()
+        .filter(|r| r["variant"] == "pydecode" && r["batch"] == "1")
+    {
+        assert_eq!(r["status"], "error", "{r:?}");
+        assert!(r["note"].contains("no tokenizer"), "{r:?}");
+    }
+    let log_text = fs::read_to_string(&log).unwrap();
+    assert!(
+        !log_text.contains(" time ") && !log_text.contains(" run "),
+        "{log_text}"
+    );
 }

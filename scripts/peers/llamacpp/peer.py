@@ -15,11 +15,14 @@ own warm-up):
   prefill:         llama-bench -r 1 -p N -n 0 -> ms for the N-token prompt.
 Both run llama.cpp's defaults otherwise (flash attention auto, its repacked CPU weights where
 the format has them), its best path on the machine.
-llama.cpp returns no tensors, so there is nothing for the harness to check: `run` answers
-that it has no output.
+llama.cpp returns no tensors; `run` with {"check": {"prompt": TEXT, "tokens": N}} answers
+llama-simple's greedy continuation of TEXT ({"text": its stdout, "decoded": tokens}), which
+the harness scores with its own model before it reports llama.cpp's times
+(harness/src/families/decode/peer_check.rs).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -68,6 +71,24 @@ def main():
         ms = ns / 1e6 / tokens if p["phase"] == "decode" else ns / 1e6
         return ms, row
 
+    def greedy(check):
+        """llama-simple's greedy continuation of the check's prompt: its whole stdout (the
+        prompt's pieces, then the generated ones) and how many tokens it decoded."""
+        simple = os.path.join(os.path.dirname(state["bin"]), "llama-simple")
+        if not os.access(simple, os.X_OK):
+            raise peerio.Unsupported(f"llama-simple (its greedy tokens, to check) is not at {simple}")
+        if "prompt" not in check or "tokens" not in check:
+            raise ValueError("run: the request names no check prompt and tokens")
+        args = [simple, "-m", state["model"], "-n", str(int(check["tokens"])), check["prompt"]]
+        out = subprocess.run(args, capture_output=True)
+        if out.returncode != 0:
+            tail = (out.stderr.decode(errors="replace").strip().splitlines() or ["(nothing on stderr)"])[-1]
+            raise RuntimeError(f"llama-simple exited {out.returncode}: {tail}")
+        m = re.search(r"decoded (\d+) tokens", out.stderr.decode(errors="replace"))
+        if not m:
+            raise RuntimeError("llama-simple printed no 'decoded N tokens' line")
+        return {"text": out.stdout.decode("utf-8", errors="replace"), "decoded": int(m.group(1))}
+
     def handle(op, req):
         if op == "hello":
             build = req.get("options", {}).get("build", "native")
@@ -94,7 +115,7 @@ def main():
             state.update(point=p, model=model, threads=int(req.get("threads", 1)))
             return {}
         if op == "run":
-            raise peerio.Unsupported("llama-bench returns no output to check")
+            return greedy(req.get("check") or {})
         if op == "time":
             times, speeds = [], []
             for _ in range(int(req.get("reps", 1))):

@@ -9,6 +9,8 @@ workbench's convention; is_causal=True when q_len == kv_len), writes the output 
 `out`, and times calls on request as the harness times its own kernels
 (../_lib/torch_timing.py: on CUDA one warm-up call, then CUDA events with L2 flushed before
 each repetition unless the request asks for hot times; on the CPU time.perf_counter).
+Option cpu_capability (native, avx512, avx2, default): torch's CPU kernels at that tier
+(ATEN_CPU_CAPABILITY, set before torch is imported), to compare with `harness --isa`.
 """
 import os
 import sys
@@ -19,13 +21,8 @@ import torch_timing  # noqa: E402
 
 
 def main():
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as e:  # noqa: BLE001 - any import failure means "not installed"
-        peerio.unavailable_forever(f"torch is not importable ({type(e).__name__}: {e})")
-        return
-    timer = torch_timing.Timer(torch)
+    # torch is imported at `hello`: its CPU dispatch reads ATEN_CPU_CAPABILITY once, at import.
+    torch = F = timer = None
     state = {}
 
     def call():
@@ -40,8 +37,21 @@ def main():
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
     def handle(op, req):
+        nonlocal torch, F, timer
         if op == "hello":
-            return {"version": f"torch {torch.__version__}"}
+            cap = req.get("options", {}).get("cpu_capability", "native")
+            if cap != "native":
+                os.environ["ATEN_CPU_CAPABILITY"] = cap
+            try:
+                import torch
+                import torch.nn.functional as F
+            except Exception as e:  # noqa: BLE001 - any import failure means "not installed"
+                raise peerio.Unavailable(f"torch is not importable ({type(e).__name__}: {e})")
+            timer = torch_timing.Timer(torch)
+            got = torch.backends.cpu.get_cpu_capability()
+            if cap != "native" and got.lower() != cap:
+                raise peerio.Unsupported(f"torch runs {got} here, not the asked {cap}")
+            return {"version": f"torch {torch.__version__}, CPU {got}"}
         if op == "load":
             p = req["point"]
             dev = torch.device(req.get("device", "cpu"))

@@ -27,6 +27,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
+/// The check of a decode peer's greedy tokens against our model.
+mod peer_check;
 /// Peers of decode experiments: llama.cpp's llama-bench.
 mod peers;
 /// The rows of decode experiments.
@@ -282,7 +284,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 ..Default::default()
             }
             .options()?;
-            let mut m = load(path, &lopts)?.model;
+            let loaded = load(path, &lopts)?;
+            let (mut m, tokenizer) = (loaded.model, loaded.tokenizer);
             let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
             let ctx_for = |m: &Llama| {
                 let wbytes = m.weight_bytes() as f64;
@@ -325,7 +328,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     .map(|&b| PeerPoint::decode(b, context, steps))
                     .chain(prefill.iter().map(|&p| PeerPoint::prefill(p)))
                     .collect();
-                peers.slots(path, &pts)
+                peers.slots(path, &pts, (&mut m, tokenizer.as_ref()))
             } else {
                 vec![]
             };

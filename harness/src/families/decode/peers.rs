@@ -3,13 +3,16 @@
 //! one run). A peer serves the points it can (llama.cpp: the file as shipped); at each one it
 //! makes one timed call in every round of ours — the runner alternates one of our runs with
 //! one call of each peer — so a peer's row gathers its samples from the rounds of every
-//! product we time at that point. llama.cpp returns no logits, so its rows are timing only.
+//! product we time at that point. llama.cpp returns no logits; before any of its times count,
+//! its greedy tokens on the model are checked against ours (`peer_check.rs`).
 
+use super::peer_check::{self, Failure, PeerText};
 use super::rows::{DecodeRow, Phase, RowCtx};
 use crate::error::Result;
 use crate::measure::Timing;
 use crate::peer::{Peer, PeerError, ScratchDir};
 use crate::run_files::ExpRequest;
+use models::{Llama, TextTokenizer};
 use serde_json::{json, Value};
 
 /// A point as a peer sees it: a decode batch after a context, or a prefill.
@@ -37,7 +40,9 @@ pub(super) struct Slot {
     index: usize,
     point: PeerPoint,
     samples: Vec<f64>,
-    failed: Option<PeerError>,
+    /// The peer's check on this model (`peer_check`): its note.
+    checked: String,
+    failed: Option<Failure>,
 }
 
 /// The run's peers.
@@ -88,10 +93,20 @@ impl DecodePeers {
             .map(|_| ())
     }
 
-    /// A slot per peer and point of `model`, each asked once whether it serves the point.
-    pub fn slots(&mut self, model: &str, points: &[PeerPoint]) -> Vec<Slot> {
+    /// A slot per peer and point of `model`, each asked once whether it serves the point;
+    /// a peer that serves any is then checked once against `ours` (the model loaded from
+    /// `model` and its tokenizer, if it has one), and where the check does not pass, none of
+    /// its points is timed.
+    pub fn slots(
+        &mut self,
+        model: &str,
+        points: &[PeerPoint],
+        ours: (&mut Llama, Option<&TextTokenizer>),
+    ) -> Vec<Slot> {
+        let (m, tok) = ours;
         let mut slots = vec![];
         for peer in 0..self.peers.len() {
+            let first = slots.len();
             for (index, point) in points.iter().enumerate() {
                 let failed = if !self.peers[peer].manifest.serves(point.phase()) {
                     let modes = self.peers[peer].manifest.modes.join(", ");
@@ -104,11 +119,56 @@ impl DecodePeers {
                     index,
                     point: point.clone(),
                     samples: vec![],
-                    failed,
+                    checked: String::new(),
+                    failed: failed.map(Failure::from),
                 });
+            }
+            // The peer holds the last point it loaded: the model is the same at every one.
+            if slots[first..].iter().all(|s| s.failed.is_some()) {
+                continue;
+            }
+            let verdict = match tok {
+                None => Err(Failure {
+                    status: "error",
+                    why: format!("unchecked: {model} has no tokenizer here, so the peer's tokens cannot be compared with ours"),
+                }),
+                Some(tok) => self.check(peer, m, tok),
+            };
+            for s in slots[first..].iter_mut().filter(|s| s.failed.is_none()) {
+                match &verdict {
+                    Ok(note) => s.checked = note.clone(),
+                    Err(f) => s.failed = Some(f.clone()),
+                }
             }
         }
         slots
+    }
+
+    /// The peer's greedy continuation of the check's prompt scored by our model.
+    fn check(
+        &mut self,
+        peer: usize,
+        m: &mut Llama,
+        tok: &TextTokenizer,
+    ) -> std::result::Result<String, Failure> {
+        let reply = self.peers[peer].request(json!({
+            "op": "run",
+            "check": {"prompt": peer_check::PROMPT, "tokens": peer_check::TOKENS},
+        }))?;
+        let (Some(text), Some(decoded)) = (reply["text"].as_str(), reply["decoded"].as_u64())
+        else {
+            return Err(Failure {
+                status: "error",
+                why: format!(
+                    "unchecked: the peer's check reply has no text and decoded count: {reply}"
+                ),
+            });
+        };
+        let peer_text = PeerText {
+            text: text.to_string(),
+            decoded: decoded as usize,
+        };
+        peer_check::agreement(m, tok, &peer_text)
     }
 
     /// Whether a peer runs at `point`.
@@ -130,7 +190,7 @@ impl DecodePeers {
                 .and_then(|_| self.peers[s.peer].time_once());
             match timed {
                 Ok(t) => s.samples.push(t),
-                Err(e) => s.failed = Some(PeerError::Failed(e)),
+                Err(e) => s.failed = Some(PeerError::Failed(e).into()),
             }
         }
     }
@@ -156,20 +216,19 @@ impl DecodePeers {
                     );
                     row.head.reps = 0;
                     (row.head.median_ms, row.head.p10_ms, row.head.p90_ms) = (None, None, None);
-                    let (status, why) = s
-                        .failed
-                        .unwrap_or_else(|| PeerError::Failed("not timed".into()))
-                        .status_and_why();
-                    row.head.status = status.into();
-                    row.note = why;
+                    let f = s.failed.unwrap_or_else(|| Failure {
+                        status: "error",
+                        why: "not timed".into(),
+                    });
+                    row.head.status = f.status.into();
+                    row.note = f.why;
                     row
                 } else {
                     let mut row = ctx.row(peer.label(), "llama.cpp", phase, &t, None);
-                    row.note = "timing only: llama.cpp returns no output to check".into();
-                    if let Some(e) = s.failed {
+                    row.note = s.checked;
+                    if let Some(f) = s.failed {
                         row.head.status = "error".into();
-                        row.note =
-                            format!("stopped after {} samples: {}", t.samples.len(), e.why());
+                        row.note = format!("stopped after {} samples: {}", t.samples.len(), f.why);
                     }
                     row
                 };
