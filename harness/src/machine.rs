@@ -65,11 +65,32 @@ fn read_git_state() -> (String, bool) {
     match run(&["rev-parse", "HEAD"]) {
         Some(sha) => {
             let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+                .is_some_and(|s| s.lines().any(|l| !is_roofline_cache(porcelain_path(l))));
             (sha, dirty)
         }
         None => ("unknown".into(), false),
     }
+}
+
+/// The path of a `git status --porcelain` line (`XY path`; its leading space may have been
+/// trimmed).
+fn porcelain_path(line: &str) -> &str {
+    line.trim_start()
+        .split_once(' ')
+        .map_or(line, |(_, p)| p.trim_start())
+}
+
+/// Whether `path` (from the checkout's root) is a roofline file a run rewrites as it starts
+/// (`results/roofline/<machine>-<t>t.json`, or a script's `results/<dir>/runs/roofline/`):
+/// the best values seen, a cache, not code, so a run after another from the same clean commit
+/// is still clean.
+fn is_roofline_cache(path: &str) -> bool {
+    let p = std::path::Path::new(path);
+    path.starts_with("results/")
+        && p.extension().is_some_and(|e| e == "json")
+        && p.parent()
+            .and_then(|d| d.file_name())
+            .is_some_and(|d| d == "roofline")
 }
 
 /// The rustc that built this binary.
@@ -143,5 +164,34 @@ mod tests {
             .all(|c| c.is_ascii_alphanumeric() || c == '-'));
         assert!(logical_cores() >= 1);
         assert!(rustc().starts_with("rustc"));
+    }
+
+    #[test]
+    fn only_roofline_files_under_results_leave_a_tree_clean() {
+        for cache in [
+            "results/roofline/intel-xeon-2c-2t.json",
+            "results/flash2_vs_sdpa_cpu/runs/roofline/intel-xeon-2c-2t.json",
+        ] {
+            assert!(is_roofline_cache(cache), "{cache}");
+        }
+        for code in [
+            "harness/src/roofline.rs",
+            "results/roofline/notes.md",
+            "results/decode_roofline/20261203T143624Z.json",
+            "scripts/roofline/x.json",
+        ] {
+            assert!(!is_roofline_cache(code), "{code}");
+        }
+        for line in [
+            " M results/roofline/a-2t.json",
+            "M results/roofline/a-2t.json",
+            "MM results/roofline/a-2t.json",
+        ] {
+            assert_eq!(
+                porcelain_path(line),
+                "results/roofline/a-2t.json",
+                "{line:?}"
+            );
+        }
     }
 }
