@@ -112,7 +112,9 @@ def main():
         "prefill_seconds": samples,
         "decode_gbps": decode,
         "read_gbps_at_each_run_start": read,
-        "harness_runs": sorted(os.path.basename(f) for f in glob.glob(os.path.join(scratch, "speed_bars", "*.csv"))),
+        # This run's harness runs only (the folder keeps earlier runs' too).
+        "harness_runs": sorted(os.path.basename(f) for f in glob.glob(os.path.join(scratch, "speed_bars", "*.csv"))
+                               if os.path.basename(f) >= run_id),
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
