@@ -57,23 +57,7 @@ fn exp(t: &TempDir, name: &str, extra: &[&str]) -> Output {
 
 /// Every row of the run's CSV as column name → value.
 fn rows(dir: &Path) -> Vec<std::collections::HashMap<String, String>> {
-    let csv_path = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "csv"))
-        .expect("a csv");
-    let mut r = csv::Reader::from_path(csv_path).unwrap();
-    let h = r.headers().unwrap().clone();
-    r.records()
-        .map(|rec| {
-            let rec = rec.unwrap();
-            h.iter()
-                .zip(rec.iter())
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
+    common::csv_rows(dir)
 }
 
 const QUANT_SPEC: &str = r#"name = "tiny_quant"
@@ -393,23 +377,32 @@ fn decode_peers_alternate_with_ours_where_they_serve() {
     assert!(md.contains("pydecode decodes one sequence"), "{md}");
 }
 
+/// A decode run of `model` beside pydecode (`corrupt`: its check's words swapped): the rows
+/// and pydecode's request log.
+fn decode_run(
+    test: &str,
+    model: &str,
+    corrupt: bool,
+) -> (Vec<std::collections::HashMap<String, String>>, String) {
+    let t = setup(test, "tiny_decode", &decode_spec(model));
+    let log = t.join("decode.log");
+    register_pydecode(&t, &log, corrupt);
+    let out = exp(&t, "tiny_decode", &["--peer", "pydecode"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let log_text = fs::read_to_string(&log).unwrap();
+    (rows(&t.join("results/tiny_decode")), log_text)
+}
+
 #[test]
 fn a_decode_peer_is_timed_only_once_its_tokens_agree_with_ours() {
     let Some(model) = smollm2() else { return };
     // Its continuation with two words swapped: our model is sure of the first, so it fails.
-    let t = setup("decode_corrupt", "tiny_decode", &decode_spec(model));
-    let log = t.join("decode.log");
-    register_pydecode(&t, &log, true);
-    let out = exp(&t, "tiny_decode", &["--peer", "pydecode"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = rows(&t.join("results/tiny_decode"));
-    let peer: Vec<_> = got.iter().filter(|r| r["variant"] == "pydecode").collect();
-    for r in peer.iter().filter(|r| r["batch"] == "1") {
+    let (got, log_text) = decode_run("decode_corrupt", model, true);
+    for r in got
+        .iter()
+        .filter(|r| r["variant"] == "pydecode" && r["batch"] == "1")
+    {
         assert_eq!(r["status"], "fail", "{r:?}");
         assert_eq!(r["reps"], "0", "{r:?}");
         assert!(
@@ -417,7 +410,6 @@ fn a_decode_peer_is_timed_only_once_its_tokens_agree_with_ours() {
             "{r:?}"
         );
     }
-    let log_text = fs::read_to_string(&log).unwrap();
     assert!(
         !log_text.contains(" time "),
         "a failed peer is never timed: {log_text}"
@@ -427,17 +419,7 @@ fn a_decode_peer_is_timed_only_once_its_tokens_agree_with_ours() {
         "the check ran: {log_text}"
     );
     // A preset has no tokenizer: nothing to compare the peer's text with, so no times either.
-    let t = setup("decode_preset", "tiny_decode", &decode_spec("tiny-gqa"));
-    let log = t.join("decode.log");
-    register_pydecode(&t, &log, false);
-    let out = exp(&t, "tiny_decode", &["--peer", "pydecode"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = rows(&t.join("results/tiny_decode"));
+    let (got, log_text) = decode_run("decode_preset", "tiny-gqa", false);
     for r in got
         .iter()
         .filter(|r| r["variant"] == "pydecode" && r["batch"] == "1")
@@ -445,7 +427,6 @@ fn a_decode_peer_is_timed_only_once_its_tokens_agree_with_ours() {
         assert_eq!(r["status"], "error", "{r:?}");
         assert!(r["note"].contains("no tokenizer"), "{r:?}");
     }
-    let log_text = fs::read_to_string(&log).unwrap();
     assert!(
         !log_text.contains(" time ") && !log_text.contains(" run "),
         "{log_text}"

@@ -74,24 +74,7 @@ fn exp(t: &TempDir, args: &[&str]) -> Vec<HashMap<String, String>> {
         "harness exp {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dir = t.join("results").join(args[0]);
-    let csv = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "csv"))
-        .expect("the run's csv");
-    let mut r = csv::Reader::from_path(csv).unwrap();
-    let h = r.headers().unwrap().clone();
-    r.records()
-        .map(|rec| {
-            let rec = rec.unwrap();
-            h.iter()
-                .zip(rec.iter())
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
+    common::csv_rows(&t.join("results").join(args[0]))
 }
 
 /// Every row of a peer in `peers` is `ok`, and there are `want` of them.

@@ -25,3 +25,25 @@ impl Drop for TempDir {
         let _ = fs::remove_dir_all(&self.0);
     }
 }
+
+/// Every row of the one CSV in `dir` (a run's results folder) as column name → value.
+#[allow(dead_code)]
+pub fn csv_rows(dir: &std::path::Path) -> Vec<std::collections::HashMap<String, String>> {
+    let csv_path = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "csv"))
+        .expect("a csv");
+    let mut r = csv::Reader::from_path(csv_path).unwrap();
+    let h = r.headers().unwrap().clone();
+    r.records()
+        .map(|rec| {
+            let rec = rec.unwrap();
+            h.iter()
+                .zip(rec.iter())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}

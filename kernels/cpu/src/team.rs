@@ -521,20 +521,28 @@ mod tests {
 
     #[test]
     fn a_solo_team_runs_every_task_on_the_leader() {
-        let leader = std::thread::current().id();
+        // A pool of 2 whatever the machine: on a 1-CPU machine (or Miri's) the global pool
+        // has one thread, `with_team` makes no team, and the tasks go to rayon's thread.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
         let on_leader = AtomicUsize::new(0);
         let total = AtomicUsize::new(0);
-        with_team(|| {
-            busy::go_solo_for(10_000);
-            parallel_for(64, |_| {
-                // Long enough that a worker, were one in the region, would take tasks.
-                std::thread::sleep(Duration::from_micros(20));
-                total.fetch_add(1, Ordering::Relaxed);
-                if std::thread::current().id() == leader {
-                    on_leader.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-            busy::go_solo_for(0);
+        pool.install(|| {
+            let leader = std::thread::current().id();
+            with_team(|| {
+                busy::go_solo_for(10_000);
+                parallel_for(64, |_| {
+                    // Long enough that a worker, were one in the region, would take tasks.
+                    std::thread::sleep(Duration::from_micros(20));
+                    total.fetch_add(1, Ordering::Relaxed);
+                    if std::thread::current().id() == leader {
+                        on_leader.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                busy::go_solo_for(0);
+            })
         });
         assert_eq!(total.load(Ordering::Relaxed), 64);
         assert_eq!(on_leader.load(Ordering::Relaxed), 64);
