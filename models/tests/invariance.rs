@@ -1,9 +1,9 @@
-//! Batch and thread invariance on a random preset (`models::serve::invariance`): with a
-//! fixed split-KV partition size (`paged:split=64`), without a split, and with flash2, the
-//! int8-activation products give a sequence bit-identical logits alone and inside a batch
-//! of other lengths, and on 1 and on 2 threads. The automatic split (its partitions depend
-//! on the thread count) and the f32-activation products are reported, not required, by
-//! `harness check --invariance`.
+//! Batch and thread invariance on a random preset (`models::serve::invariance`): with paged's
+//! default split (partitions by the context length), a fixed partition size
+//! (`paged:split=64`), without a split, and with flash2, the int8-activation products give a
+//! sequence bit-identical logits alone and inside a batch of other lengths, and on 1 and on
+//! 2 threads. `split=auto` (its partitions depend on the thread count) and the f32-activation
+//! products are reported, not required, by `harness check --invariance`.
 
 use kernel_quant::{MatVecVariant, WeightFormat};
 use models::serve::invariance::{check, Script};
@@ -25,7 +25,7 @@ fn script(len: usize, steps: usize, seed: u32) -> Script {
 fn deterministic_variants_are_batch_and_thread_invariant() {
     let target = script(300, 5, 1);
     let others = [script(5, 5, 2), script(90, 5, 3), script(170, 5, 4)];
-    for attention in ["paged:split=64", "paged:split=off", "flash2"] {
+    for attention in ["paged", "paged:split=64", "paged:split=off", "flash2"] {
         for matmul in [MatVecVariant::Packed(None), MatVecVariant::FusedQ8(None)] {
             let opts = LoadOptions {
                 attention: attention.into(),
@@ -52,12 +52,12 @@ fn deterministic_variants_are_batch_and_thread_invariant() {
 
 #[test]
 fn the_automatic_split_is_caught_depending_on_the_thread_count() {
-    // The check can fail: paged's automatic split cuts a 300-token context differently on 1
-    // and on 2 threads, which moves the last bits.
+    // The check can fail: paged's split=auto cuts a 300-token context differently on 1 and on
+    // 2 threads, which moves the last bits.
     let m = load(
         "tiny-gqa",
         &LoadOptions {
-            attention: "paged".into(),
+            attention: "paged:split=auto".into(),
             ..LoadOptions::default()
         },
     )

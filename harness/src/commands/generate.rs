@@ -51,10 +51,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Attention variant: naive, flash2 (K/V gathered from the cache), or paged (decode
-    /// straight on the block pool, each sequence's context split in partitions of ≥ 64 tokens
-    /// — their size depends on --threads, so the last bits of the logits do too — unless
-    /// split=off; prompt chunks above 16 tokens go through flash2), with parameters, e.g.
-    /// flash2:br=32 or paged:split=off.
+    /// straight on the block pool, each sequence's context split in 4 partitions of ≥ 64
+    /// tokens, so the logits are the same bits on any --threads; split=auto sizes them by the
+    /// thread count instead, split=N takes N tokens, split=off none; prompt chunks above 16
+    /// tokens go through flash2), with parameters, e.g. flash2:br=32 or paged:split=off.
     #[arg(long, default_value = "paged")]
     pub attention: String,
     /// Tokens per KV cache block.

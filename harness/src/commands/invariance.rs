@@ -23,9 +23,16 @@ pub struct InvarianceOptions {
     pub results_dir: PathBuf,
 }
 
-/// The attention variants: paged with its thread-dependent split, with a fixed partition
-/// size, without a split, and flash2 over the gathered cache.
-pub const ATTENTIONS: [&str; 4] = ["paged", "paged:split=64", "paged:split=off", "flash2"];
+/// The attention variants: paged with its default split (by the context length), with the
+/// thread-dependent one, with a fixed partition size, without a split, and flash2 over the
+/// gathered cache.
+pub const ATTENTIONS: [&str; 5] = [
+    "paged",
+    "paged:split=auto",
+    "paged:split=64",
+    "paged:split=off",
+    "flash2",
+];
 /// The projection products.
 pub const MATMULS: [&str; 3] = ["packed", "fused:act=q8", "fused"];
 
@@ -54,7 +61,7 @@ fn tokens(n: usize, seed: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The target (a 300-token prompt: long enough that paged's automatic split-KV cuts it into
+/// The target (a 300-token prompt: long enough that paged's `split=auto` cuts it into
 /// partitions that depend on the thread count) and three others of 5, 90 and 170 tokens;
 /// `steps` each.
 fn scripts(vocab: usize, steps: usize) -> (Script, Vec<Script>) {

@@ -1,7 +1,9 @@
 //! Criterion benches of the paged KV cache: paged decode (8 sequences × 4096 tokens, 8 KV
 //! heads, group 4, d128, f32; block sizes 16/32/128, split-KV off and auto), the same at block
 //! size 16 with a sliding window of 512 or a logit soft-cap of 50 against neither, and the
-//! append kernel (16 new tokens of one sequence written into a shuffled block pool).
+//! append kernel (16 new tokens of one sequence written into a shuffled block pool), and the
+//! split policies on one SmolLM2-shaped decode step (1 sequence × 1907 tokens, 3 KV heads,
+//! group 3, d64: what one layer of `harness generate` runs after a long prompt).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -118,6 +120,45 @@ fn bench_window_and_softcap(c: &mut Criterion) {
     group.finish();
 }
 
+fn bench_split_policies(c: &mut Criterion) {
+    let mut group = configure(c, "paged_decode_split");
+    let case = PagedCaseSpec {
+        context_lens: vec![1907],
+        block_size: 16,
+        kv_heads: 3,
+        group: 3,
+        head_dim: 64,
+        q_len: 1,
+        dtype: DType::F32,
+        spare_blocks: 0,
+        seed: 0x5177,
+    }
+    .build()
+    .unwrap();
+    let mut out = Buffer::poisoned(DType::F32, case.q.len());
+    for (split, name) in [
+        (SplitKv::Off, "off"),
+        (SplitKv::Auto, "auto"),
+        (SplitKv::Context, "ctx"),
+        (SplitKv::Tokens(64), "64"),
+    ] {
+        group.bench_function(format!("ctx1907/split_{name}"), |b| {
+            b.iter(|| {
+                paged_decode(
+                    &case.shape,
+                    &case.batch,
+                    &case.pool,
+                    &case.q,
+                    &mut out,
+                    split,
+                )
+                .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 fn bench_append(c: &mut Criterion) {
     const NEW: usize = 16;
     // 1020 leaves 4 free slots in the last block at both block sizes below, so the 16 new
@@ -166,6 +207,7 @@ criterion_group!(
     benches,
     bench_paged_decode,
     bench_window_and_softcap,
+    bench_split_policies,
     bench_append
 );
 criterion_main!(benches);

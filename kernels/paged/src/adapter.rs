@@ -53,6 +53,7 @@ pub(crate) fn variant_name(base: &str, block_size: usize, split: SplitKv) -> Str
         SplitKv::Off => format!("{base}:bs={block_size}"),
         SplitKv::Auto => format!("{base}:bs={block_size},split=auto"),
         SplitKv::Tokens(n) => format!("{base}:bs={block_size},split={n}"),
+        SplitKv::Context => format!("{base}:bs={block_size},split=ctx"),
     }
 }
 

@@ -586,5 +586,17 @@ mod tests {
         assert!((64..100_000).contains(&auto));
         assert_eq!(SplitKv::Auto.partition_tokens(40), 40);
         assert!((64..=300).contains(&SplitKv::Auto.partition_tokens(300)));
+        // By the context alone: 4 parts, none under 64 tokens, whatever the thread count.
+        assert_eq!(SplitKv::parse("ctx").unwrap(), SplitKv::Context);
+        assert_eq!(SplitKv::Context.partition_tokens(1907), 477);
+        assert_eq!(SplitKv::Context.partition_tokens(300), 75);
+        assert_eq!(SplitKv::Context.partition_tokens(200), 64);
+        assert_eq!(SplitKv::Context.partition_tokens(40), 40);
+        let on_one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| SplitKv::Context.partition_tokens(100_000));
+        assert_eq!(on_one, SplitKv::Context.partition_tokens(100_000));
     }
 }

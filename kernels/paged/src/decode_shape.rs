@@ -1,7 +1,8 @@
 //! What a paged decode call is asked: `PagedDecodeShape` (the query side — heads, head size,
 //! new tokens per sequence, scale, sliding window, soft-cap — validated once, and the range of
 //! positions its rows see) and `SplitKv` (how a sequence's context is partitioned:
-//! FlashDecoding's split-KV, by a token count or automatically by the thread count).
+//! FlashDecoding's split-KV, by a token count, by the context length alone, or automatically
+//! by the thread count).
 
 use crate::pool::{PagedBatch, PoolLayout};
 use kernel_attention::shape::{validate_window_softcap, window_start};
@@ -11,8 +12,10 @@ use std::ops::Range;
 
 /// Most new query tokens per sequence the decode kernel takes (speculative verification).
 pub const MAX_Q_LEN: usize = 16;
-/// Shortest partition `SplitKv::Auto` makes.
+/// Shortest partition `SplitKv::Auto` and `SplitKv::Context` make.
 const AUTO_MIN_PARTITION: usize = 64;
+/// Most partitions `SplitKv::Context` cuts a sequence's context into.
+pub const CONTEXT_PARTS: usize = 4;
 
 /// The query side of a paged decode call. `window` and `softcap` mean what they mean in
 /// `kernel_attention::AttentionShape`: the query at position p sees key j iff j ≤ p and
@@ -112,18 +115,23 @@ pub enum SplitKv {
     Auto,
     /// Partitions of this many tokens.
     Tokens(usize),
+    /// Partitions from the context length alone: `CONTEXT_PARTS` of them, none shorter than
+    /// 64 tokens. Like `Tokens` it never looks at the thread count, so a sequence's output is
+    /// bit-identical on 1 or N threads; unlike it, long contexts still split into few parts.
+    Context,
 }
 
 impl SplitKv {
-    /// Parses `off`, `auto` or a positive token count.
+    /// Parses `off`, `auto`, `ctx` or a positive token count.
     pub fn parse(text: &str) -> Result<SplitKv> {
         match text {
             "off" => Ok(SplitKv::Off),
             "auto" => Ok(SplitKv::Auto),
+            "ctx" => Ok(SplitKv::Context),
             _ => match text.parse::<usize>() {
                 Ok(n) if n > 0 => Ok(SplitKv::Tokens(n)),
                 _ => Err(KernelError::Unsupported(format!(
-                    "split='{text}' must be off, auto or a positive token count"
+                    "split='{text}' must be off, auto, ctx or a positive token count"
                 ))),
             },
         }
@@ -140,6 +148,7 @@ impl SplitKv {
             SplitKv::Auto => ctx
                 .div_ceil(2 * rayon::current_num_threads())
                 .max(AUTO_MIN_PARTITION),
+            SplitKv::Context => ctx.div_ceil(CONTEXT_PARTS).max(AUTO_MIN_PARTITION),
         };
         tokens.clamp(1, ctx.max(1))
     }

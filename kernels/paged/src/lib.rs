@@ -57,7 +57,7 @@ type Row = Variant<Box<dyn kernel_attention::AttentionKernel>>;
 pub const VARIANTS: &[Row] = &[
     Variant::cpu(
         "paged",
-        "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto | tokens per partition)",
+        "paged decode over a block pool; params bs (block size 1..=256, default 16), split (off | auto: by the thread count | ctx: by the context length | tokens per partition)",
         build,
         |case, r| checks("paged", case, r),
     ),

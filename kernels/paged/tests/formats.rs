@@ -169,6 +169,7 @@ fn splits() -> impl Strategy<Value = SplitKv> {
     prop_oneof![
         Just(SplitKv::Off),
         Just(SplitKv::Auto),
+        Just(SplitKv::Context),
         (1usize..300).prop_map(SplitKv::Tokens)
     ]
 }

@@ -107,6 +107,7 @@ fn splits() -> impl Strategy<Value = SplitKv> {
     prop_oneof![
         Just(SplitKv::Off),
         Just(SplitKv::Auto),
+        Just(SplitKv::Context),
         (1usize..300).prop_map(SplitKv::Tokens)
     ]
 }
@@ -144,7 +145,7 @@ proptest! {
         c.shape = c.shape.with_window(Some(w)).with_softcap(cap);
         poison_before_windows(&mut c);
         let whole = decode(&c, SplitKv::Off);
-        for split in [SplitKv::Tokens(part), SplitKv::Auto] {
+        for split in [SplitKv::Tokens(part), SplitKv::Auto, SplitKv::Context] {
             let got = decode(&c, split);
             let stats = ErrorStats::compare(&got, &whole.iter().map(|&x| x as f64).collect::<Vec<_>>());
             prop_assert!(stats.passes(&tolerance(DType::F32)), "{split:?}: {stats:?}");

@@ -596,8 +596,9 @@ pub fn attention_choice(spec: &str) -> Result<AttentionChoice> {
                 "attention '{spec}': the model's paged attention takes only split=...; the block size is --block-size"
             ))
         })?;
-        // Split by default: a decode step of one sequence has only kv_heads tasks.
-        let split = SplitKv::parse(parsed.params.get("split").map_or("auto", String::as_str))?;
+        // Split by default (a decode step of one sequence has only kv_heads tasks), by the
+        // context length alone so the logits do not depend on --threads.
+        let split = SplitKv::parse(parsed.params.get("split").map_or("ctx", String::as_str))?;
         return Ok(AttentionChoice::Paged(split));
     }
     match kernel_attention::kernel_from_spec(&parsed)? {

@@ -152,11 +152,12 @@ const CACHE_FORMATS: [&str; 9] = [
 ];
 
 /// The split policies of a case, each with its variant name.
-fn splits(prefix: &str, seed: u64) -> [(SplitKv, String); 3] {
+fn splits(prefix: &str, seed: u64) -> [(SplitKv, String); 4] {
     let part = 1 + (seed % 300) as usize;
     [
         (SplitKv::Off, prefix.to_string()),
         (SplitKv::Auto, format!("{prefix}:split=auto")),
+        (SplitKv::Context, format!("{prefix}:split=ctx")),
         (SplitKv::Tokens(part), format!("{prefix}:split={part}")),
     ]
 }

@@ -82,6 +82,8 @@ pub fn partition_tokens(split: SplitKv, max_ctx: usize, base_blocks: usize, sms:
     let tokens = match split {
         SplitKv::Off => max_ctx,
         SplitKv::Tokens(n) => n,
+        // The CPU's rule: the partition depends on the context alone.
+        SplitKv::Context => SplitKv::Context.partition_tokens(max_ctx),
         SplitKv::Auto => {
             let parts = (AUTO_BLOCKS_PER_SM * sms)
                 .div_ceil(base_blocks.max(1))
