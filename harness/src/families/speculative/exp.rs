@@ -42,6 +42,11 @@ pub struct SpecCols {
     /// before the column existed: off.)
     #[serde(default)]
     pub adaptive: bool,
+    /// How an adaptive depth is picked: threshold (the 70% rule) or cost (the depth with the
+    /// most expected tokens per decode step, from pass costs measured on the target); empty
+    /// when not adaptive and in runs before the column existed.
+    #[serde(default)]
+    pub policy: String,
     /// Mean depth limit over the rounds (the shape's depth unless adaptive).
     #[serde(default)]
     pub mean_depth_limit: f64,
@@ -86,6 +91,35 @@ pub struct SpecCols {
 pub type SpecRow = Row<SpecCols>;
 
 /// The columns a row takes from its model, drafter and tree shape.
+/// How a point's draft depth is chosen (the `adaptive` grid axis).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Adapt {
+    /// The shape's depth every round.
+    Off,
+    /// Shrink under 70% running acceptance, grow above (`--spec-adaptive`).
+    Threshold,
+    /// The depth with the most expected tokens per decode step (`--spec-policy cost`).
+    Cost,
+}
+
+impl Adapt {
+    fn adaptive(self) -> bool {
+        self != Adapt::Off
+    }
+
+    fn policy(self) -> String {
+        match self {
+            Adapt::Off => "",
+            Adapt::Threshold => "threshold",
+            Adapt::Cost => "cost",
+        }
+        .into()
+    }
+}
+
+/// The largest pass the cost policy times before a prompt's runs (`generate`'s cap).
+const COST_MAX_TOKENS: usize = 33;
+
 fn shape_cols(model: &str, drafter: &str, shape: &TreeShape) -> SpecCols {
     SpecCols {
         model: model.into(),
@@ -186,14 +220,15 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     let max_new = g.one("max_new", "48", "a positive integer", |n: usize| n > 0)?;
     let reps = spec.reps.unwrap_or(1).max(1);
-    let adaptive: Vec<bool> = g
+    let adaptive: Vec<Adapt> = g
         .strings("adaptive", &["off"])
         .iter()
         .map(|a| match a.as_str() {
-            "off" | "false" => Ok(false),
-            "on" | "true" => Ok(true),
+            "off" | "false" => Ok(Adapt::Off),
+            "on" | "true" | "threshold" => Ok(Adapt::Threshold),
+            "cost" => Ok(Adapt::Cost),
             o => Err(HarnessError::Usage(format!(
-                "adaptive '{o}' is not on or off"
+                "adaptive '{o}' is not off, on (threshold) or cost"
             ))),
         })
         .collect::<Result<_>>()?;
@@ -287,7 +322,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         rows.push(Row::skipped(
                             run.head("driver", opts.seed),
                             SpecCols {
-                                adaptive: adapt,
+                                adaptive: adapt.adaptive(),
+                                policy: adapt.policy(),
                                 temperature: temp,
                                 prompt: p.to_string(),
                                 ..shape_cols(&model_name, d, shape)
@@ -300,7 +336,18 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     continue;
                 }
             };
-            let shapes: Vec<(&TreeShape, bool)> = trees
+            // The cost policy's pass costs on the target after a context like this prompt's,
+            // measured once before the timed runs (setting up, as in `generate`).
+            let cost = if adaptive.contains(&Adapt::Cost) {
+                let tokens = (max_nodes + 1).min(COST_MAX_TOKENS);
+                let context = ids.len().clamp(1, 256);
+                Some(models::speculative::cost::PassCost::measure(
+                    target, tokens, context, 3,
+                )?)
+            } else {
+                None
+            };
+            let shapes: Vec<(&TreeShape, Adapt)> = trees
                 .iter()
                 .flat_map(|t| adaptive.iter().map(move |&a| (t, a)))
                 .collect();
@@ -326,10 +373,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     ));
                     let cfg = SpecConfig {
                         shape: (*shape).clone(),
-                        adaptive: *adapt,
+                        adaptive: adapt.adaptive(),
                         threshold: 0.7,
                         sampler,
-                        cost: None,
+                        cost: (*adapt == Adapt::Cost).then(|| cost.clone()).flatten(),
                     };
                     let t0 = Instant::now();
                     let out = generate(target, drafter.as_mut(), ids, max_new, None, &cfg)?;
@@ -367,7 +414,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         ..run.head("driver", opts.seed)
                     },
                     cols: SpecCols {
-                        adaptive: *adapt,
+                        adaptive: adapt.adaptive(),
+                        policy: adapt.policy(),
                         mean_depth_limit: st.depths.iter().sum::<usize>() as f64
                             / st.depths.len().max(1) as f64,
                         temperature: temp,
@@ -427,7 +475,8 @@ pub fn tables(rows: &[SpecRow]) -> String {
             r.drafter,
             r.tree,
             if r.adaptive {
-                format!("on ({:.1})", r.mean_depth_limit)
+                let policy = if r.policy.is_empty() { "on" } else { &r.policy };
+                format!("{policy} ({:.1})", r.mean_depth_limit)
             } else {
                 "off".into()
             },

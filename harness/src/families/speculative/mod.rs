@@ -57,6 +57,6 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ("max_new", "tokens generated per run (one value)"),
     (
         "adaptive",
-        "off | on: adapt the draft depth to the running acceptance (70%)",
+        "off | on (threshold): adapt the draft depth to the running acceptance (70%) | cost: each round the depth with the most expected tokens per decode step (pass costs measured on the target)",
     ),
 ];
