@@ -23,8 +23,10 @@
 //! (asleep unless it has work), so the leader gets a whole core beside the other process —
 //! for a period that starts at [`FIRST_SOLO_MS`]. When it ends the team works together
 //! again and its next window is a probe: busy again doubles the period (to
-//! [`LONGEST_SOLO_MS`]), quiet resets it. A machine that stays busy costs one probe window
-//! per second; a quiet one never goes solo.
+//! [`LONGEST_SOLO_MS`]), quiet resets it. A period of at least [`MIN_JUDGED_MS`] is first
+//! judged without a probe: if other processes used at least [`OTHERS_BUSY_CORES`] of the
+//! machine's cores meanwhile (`/proc/stat`'s busy time less this process's own), it renews
+//! itself, doubled, and the team never leaves the leader. A quiet one never goes solo.
 //!
 //! Process-wide: one forward pass is one team, and the machine's load outlives it. Relaxed
 //! atomics: two leaders at once (tests) may race on the score, which only shifts a heuristic.
@@ -56,6 +58,15 @@ pub const LONGEST_SOLO_MS: u64 = 1000;
 /// few percent (a worker's first reading after a long sleep), so it takes
 /// [`BUSY_WINDOWS`] windows in a row to go solo (one during a probe).
 pub const DELAY_WINDOW_MS: u64 = 20;
+/// Other processes' CPU, in cores, over a solo period that renews it without a probe: one
+/// `yes` beside a solo decode on 2 vCPUs reads ~1.0, a quiet machine ~0.0–0.1.
+pub const OTHERS_BUSY_CORES: f64 = 0.5;
+/// Shortest solo period judged by CPU accounting (its clock ticks are 10 ms; shorter ones
+/// end in a probe).
+pub const MIN_JUDGED_MS: u64 = 50;
+/// Clock ticks per second of `/proc/stat` and `/proc/self/stat` (USER_HZ, 100 on Linux's
+/// x86 and arm64 ABIs).
+const USER_HZ: f64 = 100.0;
 pub const DELAY_FRACTION: f64 = 0.10;
 pub const BUSY_WINDOWS: u32 = 2;
 
@@ -116,6 +127,9 @@ impl Detector {
 }
 
 static DETECTOR: Mutex<Detector> = Mutex::new(Detector::new());
+/// The machine's and this process's CPU when the current solo period began (None: not
+/// judged, as when `/proc` is absent; the period then ends in a probe).
+static SOLO_BASE: Mutex<Option<CpuSample>> = Mutex::new(None);
 static SOLO_UNTIL_NS: AtomicU64 = AtomicU64::new(0);
 static ADAPTIVE: AtomicBool = AtomicBool::new(true);
 /// `WORKBENCH_TEAM=fixed` turns the fallback off from the start (to measure without it).
@@ -238,7 +252,79 @@ pub(super) fn go_solo_for(ms: u64) {
 /// Whether regions run on the leader alone now.
 pub(super) fn solo() -> bool {
     let until = SOLO_UNTIL_NS.load(Relaxed);
-    until != 0 && now_ns() < until
+    if until == 0 {
+        return false;
+    }
+    let now = now_ns();
+    now < until || renew_if_others_stayed(now)
+}
+
+/// Busy CPU time of the whole machine and of this process, in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuSample {
+    wall_ns: u64,
+    machine_busy: u64,
+    own: u64,
+}
+
+/// Reads `/proc/stat`'s first line (user nice system idle iowait irq softirq steal ...) and
+/// this process's utime + stime (`/proc/self/stat` fields 14 and 15).
+fn cpu_sample() -> Option<CpuSample> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next().filter(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let machine_busy = f[0] + f[1] + f[2] + f.get(5)? + f.get(6)? + f.get(7)?;
+    let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name's closing parenthesis, field 3 (state) is index 0.
+    let fields: Vec<&str> = own_stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let own = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(CpuSample {
+        wall_ns: now_ns(),
+        machine_busy,
+        own,
+    })
+}
+
+/// Cores other processes kept busy between two samples.
+fn others_cores(then: &CpuSample, now: &CpuSample) -> f64 {
+    let others = now.machine_busy.saturating_sub(then.machine_busy) as f64
+        - now.own.saturating_sub(then.own) as f64;
+    let ticks = now.wall_ns.saturating_sub(then.wall_ns) as f64 * USER_HZ / 1e9;
+    if ticks > 0.0 {
+        others / ticks
+    } else {
+        0.0
+    }
+}
+
+/// At the end of a solo period: renews it (doubled) if other processes still held
+/// [`OTHERS_BUSY_CORES`] through it, so a steadily busy machine costs no probes. One caller
+/// judges; the period is over for the others.
+fn renew_if_others_stayed(now: u64) -> bool {
+    let Ok(mut base) = SOLO_BASE.try_lock() else {
+        return false;
+    };
+    let Some(then) = base.take() else {
+        return false;
+    };
+    let judged = now.saturating_sub(then.wall_ns) >= MIN_JUDGED_MS * 1_000_000;
+    if !judged || !cpu_sample().is_some_and(|s| others_cores(&then, &s) >= OTHERS_BUSY_CORES) {
+        return false;
+    }
+    let ms = {
+        let mut d = DETECTOR.lock().unwrap_or_else(|p| p.into_inner());
+        d.solo_ms = (d.solo_ms * 2).min(LONGEST_SOLO_MS);
+        d.solo_ms
+    };
+    *base = cpu_sample();
+    SOLO_UNTIL_NS.store(now + ms * 1_000_000, Relaxed);
+    SOLO_PERIODS.fetch_add(1, Relaxed);
+    true
 }
 
 /// Counts a region the leader ran alone: `solo` because the machine is busy, else because
@@ -287,6 +373,7 @@ pub(super) fn record(own_ns: u64, wait_ns: u64, led: usize, n: usize) {
         .unwrap_or_else(|p| p.into_inner())
         .region(stall, delayed);
     if let Some(ms) = solo_ms.filter(|_| adaptive()) {
+        *SOLO_BASE.lock().unwrap_or_else(|p| p.into_inner()) = cpu_sample();
         SOLO_UNTIL_NS.store(now_ns() + ms * 1_000_000, Relaxed);
         SOLO_PERIODS.fetch_add(1, Relaxed);
     }
@@ -362,6 +449,27 @@ mod tests {
         assert!(is_stall(1_000_000, 0, 64, 64));
         assert!(!is_stall(100_000, 0, 64, 64));
         assert!(!is_stall(1_000_000, 0, 1, 1));
+    }
+
+    #[test]
+    fn other_processes_cores_come_from_the_machine_less_this_process() {
+        let at = |s: u64, busy, own| CpuSample {
+            wall_ns: s * 1_000_000_000,
+            machine_busy: busy,
+            own,
+        };
+        // 2 s: the machine busy 400 ticks (2 cores), this process 200 (1 core): 1 other.
+        assert!((others_cores(&at(1, 1000, 50), &at(3, 1400, 250)) - 1.0).abs() < 1e-9);
+        // Quiet: all of the machine's busy time was this process's.
+        assert_eq!(others_cores(&at(1, 1000, 50), &at(3, 1200, 250)), 0.0);
+        assert_eq!(others_cores(&at(1, 1000, 50), &at(1, 1000, 50)), 0.0);
+        // Where /proc is (Linux outside Miri's isolation), a sample reads and counts up.
+        if let (Some(a), Some(b)) = (cpu_sample(), cpu_sample()) {
+            assert!(
+                b.machine_busy >= a.machine_busy && b.own >= a.own,
+                "{a:?} {b:?}"
+            );
+        }
     }
 
     #[test]
