@@ -11,7 +11,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use kernel_common::inputs::{normal_buffer, rng};
 use kernel_common::{Buffer, DType};
-use kernel_paged::{append, paged_decode, PagedCaseSpec, SplitKv};
+use kernel_paged::{append, paged_decode, PagedCase, PagedCaseSpec, SplitKv};
 
 const SEQS: usize = 8;
 const CONTEXT: usize = 4096;
@@ -37,6 +37,19 @@ fn kv_bytes(tokens: usize) -> u64 {
     tokens as u64 * (KV_HEADS * HEAD_DIM) as u64 * F32_BYTES * 2
 }
 
+/// One bench of `paged_decode` on `case` with `split`, output into `out`.
+fn bench_decode(
+    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    id: String,
+    case: &PagedCase,
+    out: &mut Buffer,
+    split: SplitKv,
+) {
+    group.bench_function(id, |b| {
+        b.iter(|| paged_decode(&case.shape, &case.batch, &case.pool, &case.q, out, split).unwrap())
+    });
+}
+
 fn bench_paged_decode(c: &mut Criterion) {
     let mut group = configure(c, "paged_decode");
     for block_size in [16, 32, 128] {
@@ -57,19 +70,8 @@ fn bench_paged_decode(c: &mut Criterion) {
         // Decode is memory-bound: throughput is every sequence's K and V read once.
         group.throughput(Throughput::Bytes(kv_bytes(case.batch.total_tokens())));
         for (split, name) in [(SplitKv::Off, "off"), (SplitKv::Auto, "auto")] {
-            group.bench_function(format!("bs{block_size}/split_{name}"), |b| {
-                b.iter(|| {
-                    paged_decode(
-                        &case.shape,
-                        &case.batch,
-                        &case.pool,
-                        &case.q,
-                        &mut out,
-                        split,
-                    )
-                    .unwrap()
-                })
-            });
+            let id = format!("bs{block_size}/split_{name}");
+            bench_decode(&mut group, id, &case, &mut out, split);
         }
     }
     group.finish();
@@ -102,19 +104,8 @@ fn bench_window_and_softcap(c: &mut Criterion) {
         let seen = options.visible_range(CONTEXT).len();
         group.throughput(Throughput::Bytes(kv_bytes(seen * SEQS)));
         for (split, split_name) in [(SplitKv::Off, "off"), (SplitKv::Auto, "auto")] {
-            group.bench_function(format!("bs16/split_{split_name}/{name}"), |b| {
-                b.iter(|| {
-                    paged_decode(
-                        &case.shape,
-                        &case.batch,
-                        &case.pool,
-                        &case.q,
-                        &mut out,
-                        split,
-                    )
-                    .unwrap()
-                })
-            });
+            let id = format!("bs16/split_{split_name}/{name}");
+            bench_decode(&mut group, id, &case, &mut out, split);
         }
     }
     group.finish();
@@ -142,19 +133,8 @@ fn bench_split_policies(c: &mut Criterion) {
         (SplitKv::Context, "ctx"),
         (SplitKv::Tokens(64), "64"),
     ] {
-        group.bench_function(format!("ctx1907/split_{name}"), |b| {
-            b.iter(|| {
-                paged_decode(
-                    &case.shape,
-                    &case.batch,
-                    &case.pool,
-                    &case.q,
-                    &mut out,
-                    split,
-                )
-                .unwrap()
-            })
-        });
+        let id = format!("ctx1907/split_{name}");
+        bench_decode(&mut group, id, &case, &mut out, split);
     }
     group.finish();
 }
