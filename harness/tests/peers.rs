@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 mod common;
 #[path = "common/peers.rs"]
 mod peer_setup;
-use common::TempDir;
+use common::{run_csv, TempDir};
 use peer_setup::python_present;
 
 const BIN: &str = env!("CARGO_BIN_EXE_harness");
@@ -79,17 +79,6 @@ fn exp(t: &TempDir, extra: &[&str]) -> Output {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     Command::new(BIN).args(&args).output().unwrap()
-}
-
-/// A reader of the (one) CSV a run wrote in `dir`.
-fn run_csv(dir: &Path) -> csv::Reader<fs::File> {
-    let csv_path = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "csv"))
-        .expect("a csv");
-    csv::Reader::from_path(csv_path).unwrap()
 }
 
 /// The rows of the run's CSV as (variant, mode, status, note, peer_version, median_ms, seed).

@@ -26,16 +26,22 @@ impl Drop for TempDir {
     }
 }
 
-/// Every row of the one CSV in `dir` (a run's results folder) as column name → value.
+/// A reader of the one CSV a run wrote in `dir` (its results folder).
 #[allow(dead_code)]
-pub fn csv_rows(dir: &std::path::Path) -> Vec<std::collections::HashMap<String, String>> {
+pub fn run_csv(dir: &std::path::Path) -> csv::Reader<fs::File> {
     let csv_path = fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "csv"))
         .expect("a csv");
-    let mut r = csv::Reader::from_path(csv_path).unwrap();
+    csv::Reader::from_path(csv_path).unwrap()
+}
+
+/// Every row of the one CSV in `dir` (a run's results folder) as column name → value.
+#[allow(dead_code)]
+pub fn csv_rows(dir: &std::path::Path) -> Vec<std::collections::HashMap<String, String>> {
+    let mut r = run_csv(dir);
     let h = r.headers().unwrap().clone();
     r.records()
         .map(|rec| {

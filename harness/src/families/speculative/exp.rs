@@ -298,6 +298,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let bar = run
         .progress_bar(drafters.len() * temps.len() * prompts.len() * trees.len() * adaptive.len());
     let mut failures = 0;
+    let mut costs: std::collections::HashMap<String, models::speculative::cost::PassCost> =
+        std::collections::HashMap::new();
     for (d, temp, drafter) in &mut drafters_at {
         let (d, temp) = (*d, *temp);
         let sampler = SamplerConfig {
@@ -337,13 +339,17 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 }
             };
             // The cost policy's pass costs on the target after a context like this prompt's,
-            // measured once before the timed runs (setting up, as in `generate`).
+            // measured once per prompt before its first timed runs (setting up, as in
+            // `generate`); they depend on the target and the prompt, not the drafter.
             let cost = if adaptive.contains(&Adapt::Cost) {
-                let tokens = (max_nodes + 1).min(COST_MAX_TOKENS);
-                let context = ids.len().clamp(1, 256);
-                Some(models::speculative::cost::PassCost::measure(
-                    target, tokens, context, 3,
-                )?)
+                if !costs.contains_key(p.as_str()) {
+                    let tokens = (max_nodes + 1).min(COST_MAX_TOKENS);
+                    let context = ids.len().clamp(1, 256);
+                    let measured =
+                        models::speculative::cost::PassCost::measure(target, tokens, context, 3)?;
+                    costs.insert(p.to_string(), measured);
+                }
+                costs.get(p.as_str()).cloned()
             } else {
                 None
             };

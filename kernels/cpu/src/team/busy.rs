@@ -256,7 +256,13 @@ pub(super) fn solo() -> bool {
         return false;
     }
     let now = now_ns();
-    now < until || renew_if_others_stayed(now)
+    if now < until || renew_if_others_stayed(now) {
+        return true;
+    }
+    // Over: later calls (every region, every 64 idle spins of a worker) stop at `until == 0`
+    // instead of asking for the renewal lock again; a period started meanwhile is kept.
+    let _ = SOLO_UNTIL_NS.compare_exchange(until, 0, Relaxed, Relaxed);
+    false
 }
 
 /// Busy CPU time of the whole machine and of this process, in clock ticks.
