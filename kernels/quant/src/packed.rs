@@ -61,9 +61,6 @@ use kernel_cpu::{team, Isa};
 
 /// Tiles per thread task.
 const TASK_TILES: usize = 2;
-/// Most activations per pass over a tile (batch ≥ 2): `pass` says how many a tier takes.
-const PASS: usize = 8;
-
 /// Activations per pass over a tile of `format` at `isa`: 8 for the 32-value formats with
 /// AVX-512 VNNI (32 zmm registers hold 8 accumulators, the block's 8 code vectors and the
 /// sums), 4 elsewhere (AVX2's 16 ymm registers; the K-quant kernels).
@@ -320,48 +317,102 @@ fn code_offset(format: WeightFormat) -> i32 {
     }
 }
 
-/// Every tile against every activation, tiles split over the team.
+/// Every tile against every activation, tiles split over the team. A task holds the sums of
+/// up to `SPAN` activations for one tile; with more activations than one pass takes, the tile
+/// goes in pieces of `piece_blocks` blocks and every pass runs over a piece before the next
+/// (GEMM's k-blocking), so the piece is read from L1 by every pass after the first. One pass
+/// per whole tile read a `ffn_down` tile (44 KB of Q4_0 at 4864 columns) from L2 again per
+/// pass: Qwen2.5-0.5B's batch 16 at AVX2 (4 passes) decoded slower than batch 8.
 fn run_tiles(w: &PackedMatrix, acts: &Acts, batch: usize, y: &mut [f32], isa: Isa) {
     let tiles = w.tiles();
     let out = SharedOut(y.as_mut_ptr(), y.len());
+    let pass = pass(w.format, isa);
     team::parallel_for(tiles.div_ceil(TASK_TILES), |task| {
         let out = &out;
-        let mut tile_out = [[0.0f32; TILE]; PASS];
-        let pass = pass(w.format, isa);
+        let mut sums = [[0.0f32; TILE]; SPAN];
         for t in task * TASK_TILES..((task + 1) * TASK_TILES).min(tiles) {
             let rows = TILE.min(w.rows - t * TILE);
-            for b0 in (0..batch).step_by(pass) {
-                let end = (b0 + pass).min(batch);
-                let n = end - b0;
+            for s0 in (0..batch).step_by(SPAN) {
+                let span = SPAN.min(batch - s0);
+                let sums = &mut sums[..span];
+                sums.fill([0.0; TILE]);
                 match acts {
-                    Acts::Q8(rows, groups) => {
-                        let group = groups.get(b0 / pass);
-                        tile_dot(w, t, &rows[b0..end], group, &mut tile_out, isa)
+                    Acts::Q8(rows, groups) if !groups.is_empty() => {
+                        let nb = w.blocks();
+                        let piece = if span > pass {
+                            piece_blocks(w.format)
+                        } else {
+                            nb
+                        };
+                        for k0 in (0..nb).step_by(piece) {
+                            let ks = k0..(k0 + piece).min(nb);
+                            for p0 in (0..span).step_by(pass) {
+                                let n = pass.min(span - p0);
+                                let group = &groups[(s0 + p0) / pass];
+                                let part = &mut sums[p0..p0 + n];
+                                tile_dot_vector(
+                                    w,
+                                    t,
+                                    ks.clone(),
+                                    &rows[s0 + p0..][..n],
+                                    group,
+                                    part,
+                                    isa,
+                                );
+                            }
+                        }
+                    }
+                    Acts::Q8(rows, _) => {
+                        let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
+                        for (sum, act) in sums.iter_mut().zip(&rows[s0..s0 + span]) {
+                            *sum = crate::packed_portable::tile_dot_q8(
+                                w.format,
+                                codes,
+                                scales,
+                                w.blocks(),
+                                act,
+                            );
+                        }
                     }
                     Acts::Q8K(a) => {
                         let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
                         let (f, nb) = (w.format, w.blocks());
-                        crate::packed_q4k::tile_dot(
-                            f,
-                            codes,
-                            scales,
-                            nb,
-                            &a[b0..end],
-                            (&mut tile_out[..4])
-                                .try_into()
-                                .expect("4 of the pass's rows"),
-                            isa,
-                        )
+                        for p0 in (0..span).step_by(4) {
+                            let n = 4.min(span - p0);
+                            let mut four = [[0.0f32; TILE]; 4];
+                            crate::packed_q4k::tile_dot(
+                                f,
+                                codes,
+                                scales,
+                                nb,
+                                &a[s0 + p0..s0 + p0 + n],
+                                &mut four,
+                                isa,
+                            );
+                            sums[p0..p0 + n].copy_from_slice(&four[..n]);
+                        }
                     }
                 }
-                for (b, vals) in tile_out.iter().enumerate().take(n) {
-                    let at = (b0 + b) * w.rows + t * TILE;
+                for (b, vals) in sums.iter().enumerate() {
+                    let at = (s0 + b) * w.rows + t * TILE;
                     // SAFETY: tile t's rows of each output row are written by this task only.
                     unsafe { out.write(at, &vals[..rows]) };
                 }
             }
         }
     });
+}
+
+/// Most activations whose sums a task holds for one tile (a multiple of every pass size).
+const SPAN: usize = 64;
+
+/// Code and scale bytes of one piece of a tile in a multi-pass product: small enough to stay
+/// in L1 beside a pass's activations.
+const PIECE_BYTES: usize = 4096;
+
+/// Tile-blocks per piece of a tile in a multi-pass product.
+fn piece_blocks(format: WeightFormat) -> usize {
+    (PIECE_BYTES / tile_block_bytes(format)).max(1)
 }
 
 /// The quantised activations of one call: Q8_0-style per 32 values (a row each, and on the
@@ -402,65 +453,58 @@ impl SharedOut {
     }
 }
 
-/// out[b][r] = row 16t + r · activation b, for up to `pass(format, isa)` activations (`group`:
-/// the same activations interleaved, which the vector tiers read).
-fn tile_dot(
+/// out[b][r] += Σ over the tile-blocks in `blocks` of row 16t + r · activation b, for up to
+/// `pass(format, isa)` activations on a vector tier (`group`: the same activations
+/// interleaved, which the vector kernels read).
+fn tile_dot_vector(
     w: &PackedMatrix,
     t: usize,
+    blocks: std::ops::Range<usize>,
     acts: &[Q8Activation],
-    group: Option<&ActGroup>,
-    out: &mut [[f32; TILE]; PASS],
+    group: &ActGroup,
+    out: &mut [[f32; TILE]],
     isa: Isa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let (true, Some(group)) = (isa.has_avx2(), group) {
+    if isa.has_avx2() {
         let (codes, scales) = (w.codes(t, 0).as_ptr(), w.scales(t, 0).as_ptr());
-        let nb = w.blocks();
+        assert!(blocks.end <= w.blocks() && out.len() == acts.len());
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has its features; the
-        // tile holds `nb` tile-blocks and every activation covers `nb` blocks (checked by the
-        // kernels).
+        // tile holds `w.blocks()` ≥ `blocks.end` tile-blocks and the group covers them
+        // (checked by the kernels).
         unsafe {
             macro_rules! go {
-                ($n:literal) => {{
-                    let got =
-                        crate::avx512::packed::tile_dot::<$n>(w.format, codes, scales, nb, group);
-                    out[..$n].copy_from_slice(&got);
+                ($kernel:path, $n:literal) => {{
+                    let out: &mut [[f32; TILE]; $n] = out.try_into().expect("a pass's sums");
+                    $kernel(w.format, codes, scales, blocks, group, out)
                 }};
             }
-            macro_rules! go_avx2 {
-                ($n:literal) => {{
-                    let got =
-                        crate::avx2::packed::tile_dot::<$n>(w.format, codes, scales, nb, group);
-                    out[..$n].copy_from_slice(&got);
-                }};
-            }
+            use crate::avx2::packed::tile_dot as avx2;
+            use crate::avx512::packed::tile_dot as avx512;
             if isa.has_avx512_vnni() {
                 match acts.len() {
-                    1 => go!(1),
-                    2 => go!(2),
-                    3 => go!(3),
-                    4 => go!(4),
-                    5 => go!(5),
-                    6 => go!(6),
-                    7 => go!(7),
-                    _ => go!(8),
+                    1 => go!(avx512::<1>, 1),
+                    2 => go!(avx512::<2>, 2),
+                    3 => go!(avx512::<3>, 3),
+                    4 => go!(avx512::<4>, 4),
+                    5 => go!(avx512::<5>, 5),
+                    6 => go!(avx512::<6>, 6),
+                    7 => go!(avx512::<7>, 7),
+                    _ => go!(avx512::<8>, 8),
                 }
             } else {
                 match acts.len() {
-                    1 => go_avx2!(1),
-                    2 => go_avx2!(2),
-                    3 => go_avx2!(3),
-                    _ => go_avx2!(4),
+                    1 => go!(avx2::<1>, 1),
+                    2 => go!(avx2::<2>, 2),
+                    3 => go!(avx2::<3>, 3),
+                    _ => go!(avx2::<4>, 4),
                 }
             }
         }
         return;
     }
-    let _ = isa;
-    let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
-    for (b, act) in acts.iter().enumerate() {
-        out[b] = crate::packed_portable::tile_dot_q8(w.format, codes, scales, w.blocks(), act);
-    }
+    let _ = (w, t, blocks, acts, group, out);
+    unreachable!("activation groups are built for the vector tiers only, not {isa}");
 }
 
 #[cfg(test)]
@@ -489,11 +533,13 @@ mod tests {
     }
 
     #[test]
-    fn every_batch_from_1_to_64_matches_the_f64_product_at_every_tier() {
+    fn every_batch_from_1_to_64_and_past_a_span_matches_the_f64_product_at_every_tier() {
         // Each pass size's tails (AVX-512 takes 8 activations a pass, AVX2 and portable 4),
-        // with a partial last tile; the f64 product of the decoded weights with the activation
-        // as the kernel sees it (d·q) is the reference.
-        let (rows, cols) = (40, 96);
+        // with a partial last tile, tiles in pieces (17 blocks: 14 + 3 of Q4_0, 11 + 6 of Q5_0,
+        // 7 + 7 + 3 of Q8_0) and batches past one task's span of 64; the f64 product of the
+        // decoded weights with the activation as the kernel sees it (d·q) is the reference.
+        let (rows, cols) = (40, 17 * 32);
+        assert!(piece_blocks(WeightFormat::Q4_1) < 17 && piece_blocks(WeightFormat::Q8_0) < 8);
         for name in ["q4_0", "q4_1", "q5_0", "q8_0"] {
             let f = WeightFormat::parse(name).unwrap();
             let w = WeightDist::Outliers {
@@ -507,13 +553,13 @@ mod tests {
             for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
                 m.decode_row_range(r, 0, row, &mut vec![]);
             }
-            let x: Vec<f32> = WeightDist::Gaussian.sample(64, cols, 11);
+            let x: Vec<f32> = WeightDist::Gaussian.sample(131, cols, 11);
             let seen: Vec<f32> = x
                 .chunks(cols)
                 .flat_map(act_q8::activation_as_seen)
                 .collect();
             for isa in kernel_cpu::isa::runnable() {
-                for batch in 1..=64 {
+                for batch in (1..=64).chain([65, 72, 131]) {
                     let mut y = vec![f32::NAN; batch * rows];
                     matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
                     for b in 0..batch {

@@ -6,7 +6,11 @@
 //! the scales. Q5_0's codes are the Q4 nibbles with their 5th bit shifted in from its plane
 //! and widen every 4 steps (4 · 2 · 31 · 127 = 31496, inside i16). Q8_0's signed codes go
 //! through the sign trick (|c| × q with c's sign) and widen every step, since two steps could
-//! overflow i16.
+//! overflow i16 (each step's codes loaded and made absolute once for the pass's activations).
+//! Codes are prefetched 4 KB ahead, as on AVX-512: without it a pass from DRAM waited on
+//! memory (single thread, a 65536 × 896 matrix on a Zen 4 EPYC: Q8_0 at batch 1 went from
+//! 21–22 to 23–28 GMAC/s with the prefetch and the loop order, at batch 4 from 49–50 to
+//! 53–57; Qwen2.5-0.5B Q4_0 decode at batch 2–8, `--isa avx2`, 1.2–1.35× faster).
 
 #[cfg(target_arch = "x86_64")]
 use crate::act_group::ActGroup;
@@ -14,27 +18,46 @@ use crate::act_group::ActGroup;
 use crate::format::WeightFormat;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+#[cfg(target_arch = "x86_64")]
+use std::ops::Range;
 
-/// out[b][r] = row r of the tile whose `nblocks` tile-blocks have their codes at `codes` and
-/// their scales at `scales` (`crate::packed`) · activation b of `acts`.
+/// out[b][r] += Σ over tile-blocks k in `blocks` of row r of the tile whose tile-blocks have
+/// their codes at `codes` and their scales at `scales` (`crate::packed`; block 0 there) ·
+/// block k of activation b of `acts`. The sum runs on from `out`, so a tile taken in pieces of
+/// blocks gives the bits of one pass over all of them.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `nblocks` tile-blocks of
-/// `format` (q4_0, q4_1, q5_0 or q8_0).
+/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `blocks.end` tile-blocks
+/// of `format` (q4_0, q4_1, q5_0 or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: Range<usize>,
     acts: &ActGroup,
-) -> [[f32; 16]; B] {
-    assert!(acts.covers(B, nblocks));
+    out: &mut [[f32; 16]; B],
+) {
+    assert!(acts.covers(B, blocks.end));
     match format {
-        WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, nblocks, acts),
-        WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, nblocks, acts),
-        WeightFormat::Q5_0 => tile_q5::<B>(codes, scales, nblocks, acts),
-        _ => tile_q8::<B>(codes, scales, nblocks, acts),
+        WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q5_0 => tile_q5::<B>(codes, scales, blocks, acts, out),
+        _ => tile_q8::<B>(codes, scales, blocks, acts, out),
+    }
+}
+
+/// How far ahead of the block in use its codes are prefetched (as `avx512::packed`).
+const PREFETCH: usize = 4096;
+
+/// Prefetches the `bytes` code bytes PREFETCH bytes after `blk`: the hardware streamer alone
+/// leaves a pass from DRAM waiting on memory. A prefetch past the tile's end is a hint, never
+/// a fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch(blk: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line) as *const i8);
     }
 }
 
@@ -58,17 +81,23 @@ unsafe fn step(acts: &ActGroup, i: usize, s: usize) -> __m256i {
 unsafe fn tile_q4<const MIN: bool, const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: Range<usize>,
     acts: &ActGroup,
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let sb = if MIN { 64 } else { 32 };
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0.0f32; 16]; B];
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); B];
-        for k in 0..nblocks {
+        for b in 0..B {
+            acc[b] = _mm256_loadu_ps(out[b].as_ptr().add(8 * h));
+        }
+        for k in blocks.clone() {
             let (blk, sc) = (codes.add(k * 256 + 32 * h), scales.add(k * sb));
+            if h == 0 {
+                prefetch(codes.add(k * 256), 256);
+            }
             let mut sum16 = [_mm256_setzero_si256(); B];
             for jj in 0..2 {
                 // Code vectors of k-steps 4·jj .. 4·jj + 4: the low and high nibbles of groups
@@ -111,7 +140,6 @@ unsafe fn tile_q4<const MIN: bool, const B: usize>(
             _mm256_storeu_ps(out[b].as_mut_ptr().add(8 * h), acc[b]);
         }
     }
-    out
 }
 
 /// The 5th bits of k-step `s` at bit 4 of each lane byte (0x10 or 0), from the half's plane
@@ -141,17 +169,23 @@ unsafe fn fifth_bits(hv: __m256i, s: usize) -> __m256i {
 unsafe fn tile_q5<const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: Range<usize>,
     acts: &ActGroup,
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let cb = crate::packed_layout::code_bytes(WeightFormat::Q5_0);
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
-    let mut out = [[0.0f32; 16]; B];
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); B];
-        for k in 0..nblocks {
+        for b in 0..B {
+            acc[b] = _mm256_loadu_ps(out[b].as_ptr().add(8 * h));
+        }
+        for k in blocks.clone() {
             let (blk, sc) = (codes.add(k * cb + 32 * h), scales.add(k * 32));
+            if h == 0 {
+                prefetch(codes.add(k * cb), cb);
+            }
             let hv = _mm256_loadu_si256(blk.add(crate::packed_layout::Q5_HI) as *const __m256i);
             let mut dot = [_mm256_setzero_si256(); B];
             for jj in 0..2 {
@@ -186,51 +220,59 @@ unsafe fn tile_q5<const B: usize>(
             _mm256_storeu_ps(out[b].as_mut_ptr().add(8 * h), acc[b]);
         }
     }
-    out
 }
 
+/// The Q8_0 tile: per k-step both halves' codes are loaded and made absolute (|c|, the sign
+/// trick's unsigned operand) once, then serve all B activations, each as |c| × (q with c's
+/// sign) by `vpmaddubsw`, widened every step (|c|·|q| ≤ 127 · 127, so two steps could overflow
+/// i16); one broadcast of the activation's step serves both halves. The previous loop order
+/// (activations outside the steps) redid the load and |c| per activation.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::needless_range_loop)] // k / h index register arrays in step with the loads
+#[allow(clippy::needless_range_loop)] // b / h index register arrays in step with the loads
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q8<const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: Range<usize>,
     acts: &ActGroup,
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; B];
-    for k in 0..nblocks {
+    for b in 0..B {
+        for h in 0..2 {
+            acc[b][h] = _mm256_loadu_ps(out[b].as_ptr().add(8 * h));
+        }
+    }
+    for k in blocks {
         let (blk, sc) = (codes.add(k * 512), scales.add(k * 32));
-
+        prefetch(blk, 512);
+        let mut dot = [[_mm256_setzero_si256(); 2]; B];
+        for s in 0..8 {
+            let c = [0, 1].map(|h| _mm256_loadu_si256(blk.add(64 * s + 32 * h) as *const __m256i));
+            let a = c.map(|c| _mm256_sign_epi8(c, c));
+            for b in 0..B {
+                let q = step(acts, k * B + b, s);
+                for h in 0..2 {
+                    let pairs = _mm256_maddubs_epi16(a[h], _mm256_sign_epi8(q, c[h]));
+                    dot[b][h] = _mm256_add_epi32(dot[b][h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
         for h in 0..2 {
             let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
             for b in 0..B {
-                let i = k * B + b;
-                let mut dot = _mm256_setzero_si256();
-                for s in 0..8 {
-                    let c = _mm256_loadu_si256(blk.add(64 * s + 32 * h) as *const __m256i);
-                    let q = step(acts, i, s);
-                    let pairs =
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(q, c));
-                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
-                }
-                let dx = _mm256_set1_ps(*acts.d.get_unchecked(i));
-                acc[b][h] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b][h]);
+                let dx = _mm256_set1_ps(*acts.d.get_unchecked(k * B + b));
+                acc[b][h] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(dot[b][h]),
+                    _mm256_mul_ps(d, dx),
+                    acc[b][h],
+                );
             }
         }
     }
-    store(acc)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn store<const B: usize>(acc: [[__m256; 2]; B]) -> [[f32; 16]; B] {
-    let mut out = [[0.0f32; 16]; B];
     for b in 0..B {
         _mm256_storeu_ps(out[b].as_mut_ptr(), acc[b][0]);
         _mm256_storeu_ps(out[b].as_mut_ptr().add(8), acc[b][1]);
     }
-    out
 }

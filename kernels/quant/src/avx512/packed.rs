@@ -31,27 +31,30 @@ const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q8_0: u8 = 3;
 
-/// out[b][r] = row r of the tile whose `nblocks` tile-blocks have their codes at `codes` and
-/// their scales at `scales` (`crate::packed`) · activation b of `acts`.
+/// out[b][r] += Σ over tile-blocks k in `blocks` of row r of the tile whose tile-blocks have
+/// their codes at `codes` and their scales at `scales` (`crate::packed`; block 0 there) ·
+/// block k of activation b of `acts`. The sum runs on from `out`, so a tile taken in pieces of
+/// blocks gives the bits of one pass over all of them.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover `nblocks`
+/// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover `blocks.end`
 /// tile-blocks of `format` (q4_0, q4_1, q5_0 or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: std::ops::Range<usize>,
     acts: &ActGroup,
-) -> [[f32; 16]; B] {
-    assert!(acts.covers(B, nblocks));
+    out: &mut [[f32; 16]; B],
+) {
+    assert!(acts.covers(B, blocks.end));
     let acts = Act::of(acts);
     match format {
-        WeightFormat::Q4_0 => tile::<Q4_0, B>(codes, scales, nblocks, acts),
-        WeightFormat::Q4_1 => tile::<Q4_1, B>(codes, scales, nblocks, acts),
-        WeightFormat::Q5_0 => tile::<Q5_0, B>(codes, scales, nblocks, acts),
-        _ => tile::<Q8_0, B>(codes, scales, nblocks, acts),
+        WeightFormat::Q4_0 => tile::<Q4_0, B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q4_1 => tile::<Q4_1, B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q5_0 => tile::<Q5_0, B>(codes, scales, blocks, acts, out),
+        _ => tile::<Q8_0, B>(codes, scales, blocks, acts, out),
     }
 }
 
@@ -136,9 +139,10 @@ unsafe fn block_codes<const F: u8>(blk: *const u8) -> [__m512i; 8] {
 unsafe fn tile<const F: u8, const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: std::ops::Range<usize>,
     acts: Act,
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let format = match F {
         Q4_0 => WeightFormat::Q4_0,
         Q4_1 => WeightFormat::Q4_1,
@@ -150,7 +154,10 @@ unsafe fn tile<const F: u8, const B: usize>(
         crate::packed_layout::scale_bytes(format),
     );
     let mut acc = [_mm512_setzero_ps(); B];
-    for k in 0..nblocks {
+    for b in 0..B {
+        acc[b] = _mm512_loadu_ps(out[b].as_ptr());
+    }
+    for k in blocks {
         let (blk, sc) = (codes.add(k * cb), scales.add(k * sb));
         // The code lines PREFETCH bytes ahead (the hardware streamer alone left the B = 8
         // pass waiting on memory: gate_up ran at 71 GMAC/s a core from DRAM, 183 from L2).
@@ -178,9 +185,7 @@ unsafe fn tile<const F: u8, const B: usize>(
             }
         }
     }
-    let mut out = [[0.0f32; 16]; B];
     for b in 0..B {
         _mm512_storeu_ps(out[b].as_mut_ptr(), acc[b]);
     }
-    out
 }
