@@ -4,7 +4,8 @@
 //! int8 MACs per second of the kernel itself — what a k-token step's products can reach once
 //! the weights have been read — free of this shared VM's bandwidth swings.
 //! `cargo run --release -p kernel-quant --example tile_rate -- q4_0,q8_0 [rows] [cols] [Bmax]`;
-//! env ISA = one tier (default: every tier this CPU has).
+//! env ISA = one tier (default: every tier this CPU has), BATCHES = a list instead of 1..=Bmax
+//! (e.g. 64,512 for a prompt: Bmax then only sizes the activations).
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_quant::packed::{matmul, PackedMatrix};
@@ -42,10 +43,17 @@ fn run() {
         let p = PackedMatrix::pack(&QuantMatrix::quantize(f, rows, cols, &w).expect("quantise"))
             .expect("pack");
         for &isa in &tiers {
-            for b in 1..=bmax {
+            let batches: Vec<usize> = match std::env::var("BATCHES") {
+                Ok(list) => list
+                    .split(',')
+                    .map(|b| b.parse().expect("a batch"))
+                    .collect(),
+                Err(_) => (1..=bmax).collect(),
+            };
+            for b in batches {
                 let mut y = vec![0.0f32; b * rows];
                 let mut best = f64::INFINITY;
-                for _ in 0..200 {
+                for _ in 0..(2000 / b).clamp(3, 200) {
                     let t = Instant::now();
                     for _ in 0..10 {
                         matmul(&p, &x[..b * cols], b, &mut y, isa).expect("matmul");
