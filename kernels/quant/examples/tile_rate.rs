@@ -36,6 +36,13 @@ fn run() {
         Ok(t) => vec![Isa::parse(&t).expect("a tier")],
         Err(_) => kernel_cpu::isa::runnable(),
     };
+    let batches: Vec<usize> = match std::env::var("BATCHES") {
+        Ok(list) => list
+            .split(',')
+            .map(|b| b.parse().expect("a batch"))
+            .collect(),
+        Err(_) => (1..=bmax).collect(),
+    };
     let x = normal_f32(&mut rng(7), bmax * cols, 1.0);
     println!("format tier B µs/call GMAC/s");
     for f in formats {
@@ -43,14 +50,7 @@ fn run() {
         let p = PackedMatrix::pack(&QuantMatrix::quantize(f, rows, cols, &w).expect("quantise"))
             .expect("pack");
         for &isa in &tiers {
-            let batches: Vec<usize> = match std::env::var("BATCHES") {
-                Ok(list) => list
-                    .split(',')
-                    .map(|b| b.parse().expect("a batch"))
-                    .collect(),
-                Err(_) => (1..=bmax).collect(),
-            };
-            for b in batches {
+            for &b in &batches {
                 let mut y = vec![0.0f32; b * rows];
                 let mut best = f64::INFINITY;
                 for _ in 0..(2000 / b).clamp(3, 200) {

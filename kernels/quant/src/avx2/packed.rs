@@ -47,15 +47,15 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
     }
 }
 
-/// How far ahead of the block in use its codes are prefetched (as `avx512::packed`).
+/// How far ahead of the block in use its codes are prefetched (here and in `avx512::packed`).
 const PREFETCH: usize = 4096;
 
-/// Prefetches the `bytes` code bytes PREFETCH bytes after `blk`: the hardware streamer alone
-/// leaves a pass from DRAM waiting on memory. A prefetch past the tile's end is a hint, never
-/// a fault.
+/// Prefetches the `bytes` code bytes PREFETCH bytes after `blk` (both tiers' tile kernels:
+/// the hardware streamer alone leaves a pass from DRAM waiting on memory). A prefetch past
+/// the tile's end is a hint, never a fault.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn prefetch(blk: *const u8, bytes: usize) {
+pub(crate) unsafe fn prefetch(blk: *const u8, bytes: usize) {
     for line in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line) as *const i8);
     }

@@ -22,9 +22,6 @@ use crate::format::WeightFormat;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// How far ahead of the block in use its codes are prefetched.
-const PREFETCH: usize = 4096;
-
 /// The 32-value formats of the tile loop (a const parameter, so each is its own loop).
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -159,12 +156,9 @@ unsafe fn tile<const F: u8, const B: usize>(
     }
     for k in blocks {
         let (blk, sc) = (codes.add(k * cb), scales.add(k * sb));
-        // The code lines PREFETCH bytes ahead (the hardware streamer alone left the B = 8
-        // pass waiting on memory: gate_up ran at 71 GMAC/s a core from DRAM, 183 from L2).
-        // A prefetch past the tile's end is a hint, never a fault.
-        for line in (0..cb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(blk.add(PREFETCH + line) as *const i8);
-        }
+        // The code lines 4 KB ahead (the hardware streamer alone left the B = 8 pass waiting
+        // on memory: gate_up ran at 71 GMAC/s a core from DRAM, 183 from L2).
+        crate::avx2::packed::prefetch(blk, cb);
         let w = block_codes::<F>(blk);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(sc as *const __m256i));
         for b in 0..B {
