@@ -48,6 +48,31 @@ struct TaskView<'a> {
     /// First visible position of each row (its window start; 0 without a window).
     first: &'a [usize],
     softcap: Option<f32>,
+    /// Positions whose K/V sit at other slots of the table (a draft tree's path).
+    tail: Option<&'a RemappedTail>,
+}
+
+/// Positions `from..` of one sequence whose K/V are not at their own slot: position
+/// `from + i` is stored at slot `slots[i]` of the block table. A draft tree's node sits at
+/// slot ctx + (node index) but at position ctx + depth, so the path to a node is remapped to
+/// score that node exactly as decode scores the token at its position: the same partitions,
+/// chunks and summation order, hence the same bits (speculative greedy output equal to plain
+/// greedy output, not merely close to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemappedTail {
+    pub from: usize,
+    pub slots: Vec<usize>,
+}
+
+impl RemappedTail {
+    /// The slot of position `pos`.
+    #[inline(always)]
+    fn slot(tail: Option<&RemappedTail>, pos: usize) -> usize {
+        match tail {
+            Some(t) if pos >= t.from => t.slots[pos - t.from],
+            _ => pos,
+        }
+    }
 }
 
 /// Positions `c0..c1` cut at block boundaries: (first position, block id, offset in the
@@ -66,9 +91,16 @@ fn runs<'v>(
         if pos >= c1 {
             return None;
         }
-        let off = pos % bs;
-        let run = (bs - off).min(c1 - pos);
-        let item = (pos, view.table[pos / bs], off, run);
+        let (slot, end) = match view.tail {
+            // A remapped position is a run of its own (the accumulation is key by key, so
+            // the run lengths do not change the bits).
+            Some(t) if pos >= t.from => (t.slots[pos - t.from], pos + 1),
+            Some(t) => (pos, c1.min(t.from)),
+            None => (pos, c1),
+        };
+        let off = slot % bs;
+        let run = (bs - off).min(end - pos);
+        let item = (pos, view.table[slot / bs], off, run);
         pos += run;
         Some(item)
     })
@@ -79,8 +111,9 @@ fn runs<'v>(
 #[inline(always)]
 fn prefetch_position(view: &TaskView<'_>, pos: usize) {
     let bs = view.src.layout.block_size;
+    let slot = RemappedTail::slot(view.tail, pos);
     view.src
-        .prefetch(view.table[pos / bs], view.kv_head, pos % bs, 1);
+        .prefetch(view.table[slot / bs], view.kv_head, slot % bs, 1);
 }
 
 /// Key rows of one run as the scoring loop sees them.
@@ -423,6 +456,7 @@ fn decode_typed<T: Element>(
     q: &[T],
     out: &mut [T],
     split: SplitKv,
+    tails: Option<&[RemappedTail]>,
 ) {
     let d = shape.head_dim;
     let rows = shape.rows();
@@ -463,6 +497,7 @@ fn decode_typed<T: Element>(
             horizon: &horizon,
             first: &first,
             softcap: shape.softcap,
+            tail: tails.map(|t| &t[seq]),
         };
         let mut qf: Vec<f32> = vec![0.0; rows * d];
         T::widen_into(&q[task * rows * d..(task + 1) * rows * d], &mut qf);
@@ -507,9 +542,9 @@ pub fn paged_decode(
     out.expect("out", dt, shape.q_elems(batch.len()))?;
     let src = Source::of_pool(pool);
     match (q, out) {
-        (Buffer::F32(q), Buffer::F32(o)) => decode_typed(shape, batch, &src, q, o, split),
-        (Buffer::F16(q), Buffer::F16(o)) => decode_typed(shape, batch, &src, q, o, split),
-        (Buffer::BF16(q), Buffer::BF16(o)) => decode_typed(shape, batch, &src, q, o, split),
+        (Buffer::F32(q), Buffer::F32(o)) => decode_typed(shape, batch, &src, q, o, split, None),
+        (Buffer::F16(q), Buffer::F16(o)) => decode_typed(shape, batch, &src, q, o, split, None),
+        (Buffer::BF16(q), Buffer::BF16(o)) => decode_typed(shape, batch, &src, q, o, split, None),
         _ => {
             return Err(KernelError::BadBuffer(
                 "pool, q and out must share one dtype".into(),
@@ -542,7 +577,76 @@ pub fn paged_decode_cache(
     for (&len, table) in batch.context_lens.iter().zip(&batch.block_tables) {
         cache.check_written(table, len)?;
     }
-    decode_typed(shape, batch, &Source::of_cache(cache), q, out, split);
+    decode_typed(shape, batch, &Source::of_cache(cache), q, out, split, None);
+    Ok(())
+}
+
+/// `paged_decode_cache` with the last positions of each sequence read from other slots:
+/// `tails[s]` remaps positions `from..context_lens[s]` of sequence s. One query token per
+/// sequence (`q_len` 1), so each row is scored exactly as a decode step at that context
+/// scores it. Used for the nodes of a draft tree: sequence s is node s, its context the
+/// committed tokens plus its path, the path's K/V at the nodes' slots.
+pub fn paged_decode_cache_remapped(
+    shape: &PagedDecodeShape,
+    batch: &PagedBatch,
+    tails: &[RemappedTail],
+    cache: &KvCache,
+    q: &[f32],
+    out: &mut [f32],
+    split: SplitKv,
+) -> Result<()> {
+    let bad = |m: String| Err(KernelError::InvalidShape(m));
+    if shape.q_len != 1 {
+        return bad(format!(
+            "a remapped decode takes one query token per sequence, got q_len {}",
+            shape.q_len
+        ));
+    }
+    if tails.len() != batch.len() {
+        return bad(format!(
+            "{} remapped tails for {} sequences",
+            tails.len(),
+            batch.len()
+        ));
+    }
+    let layout = cache.layout();
+    // Every table must reach its furthest slot, which may lie past its context.
+    let reach: Vec<usize> = batch
+        .context_lens
+        .iter()
+        .zip(tails)
+        .enumerate()
+        .map(|(s, (&len, t))| {
+            if t.from > len || t.slots.len() != len - t.from {
+                return Err(KernelError::InvalidShape(format!(
+                    "sequence {s}: {} remapped slots from position {} of a {len}-token context",
+                    t.slots.len(),
+                    t.from
+                )));
+            }
+            Ok(t.slots.iter().map(|&x| x + 1).fold(len, usize::max))
+        })
+        .collect::<Result<_>>()?;
+    shape.validate(
+        &layout,
+        &PagedBatch {
+            context_lens: reach.clone(),
+            block_tables: batch.block_tables.clone(),
+        },
+    )?;
+    let n = shape.q_elems(batch.len());
+    if q.len() != n || out.len() != n {
+        return Err(KernelError::BadBuffer(format!(
+            "q and out need {n} elements, got {} and {}",
+            q.len(),
+            out.len()
+        )));
+    }
+    for (&len, table) in reach.iter().zip(&batch.block_tables) {
+        cache.check_written(table, len)?;
+    }
+    let src = Source::of_cache(cache);
+    decode_typed(shape, batch, &src, q, out, split, Some(tails));
     Ok(())
 }
 

@@ -1,5 +1,7 @@
-//! The attention of one layer over the paged KV cache, for a batch of chunks: tree attention
-//! for draft-tree chunks (SpecInfer), paged decode on the pool for chunks of ≤ 16 tokens
+//! The attention of one layer over the paged KV cache, for a batch of chunks: draft-tree
+//! chunks (SpecInfer) node by node as the decode steps at their positions (under paged
+//! attention: remapped paged decode, bit-identical to plain decoding) or by tree attention
+//! (under a contiguous `--attention`), paged decode on the pool for chunks of ≤ 16 tokens
 //! (vLLM PagedAttention), or a contiguous kernel on K/V gathered from the cache (prompts, and
 //! every chunk under a contiguous `--attention`), at the model's scale (1/√head_dim, or the
 //! architecture's: Gemma's query_pre_attn_scalar), within the layer's sliding window (a query
@@ -11,7 +13,10 @@ use crate::model::kv::KvPools;
 use crate::model::llama::{AttentionChoice, Llama, Result};
 use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
-use kernel_paged::{paged_decode_cache, PagedBatch, PagedDecodeShape, MAX_Q_LEN};
+use kernel_paged::{
+    paged_decode_cache, paged_decode_cache_remapped, PagedBatch, PagedDecodeShape, RemappedTail,
+    SplitKv, MAX_Q_LEN,
+};
 use kernel_speculative::{tree_attention, TreeAttnShape, TreeContext};
 
 impl Llama {
@@ -31,8 +36,17 @@ impl Llama {
         let (window, softcap) = (self.layers[li].window, cfg.blocks.attn_softcap);
         let mut attn = vec![f32::NAN; q.len()];
         let mut done = vec![false; chunks.len()];
+        if let AttentionChoice::Paged(split) = self.attention {
+            self.tree_nodes_as_decode_steps(kv, li, chunks, offsets, q, split, &mut attn)?;
+            for (d, c) in done.iter_mut().zip(chunks) {
+                *d |= c.tree.is_some();
+            }
+        }
         for (i, c) in chunks.iter().enumerate() {
             let Some(t) = &c.tree else { continue };
+            if done[i] {
+                continue;
+            }
             let n = c.tokens.len();
             let shape = TreeAttnShape {
                 q_heads: heads,
@@ -146,5 +160,67 @@ impl Llama {
             }
         }
         Ok(attn)
+    }
+
+    /// Under paged attention, every draft-tree node of every tree chunk is scored as the
+    /// decode step at its position would score it: one query token over the committed
+    /// context and the node's path (read from the nodes' slots), with decode's partitions
+    /// and summation order. The node's logits are then the bits plain decoding would give,
+    /// so greedy speculative output equals plain greedy output exactly (tree attention's own
+    /// two-pass softmax differs from decode in the last bits, enough to flip a near-tie).
+    #[allow(clippy::too_many_arguments)]
+    fn tree_nodes_as_decode_steps(
+        &self,
+        kv: &KvPools,
+        li: usize,
+        chunks: &[SeqChunk],
+        offsets: &[usize],
+        q: &[f32],
+        split: SplitKv,
+        attn: &mut [f32],
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let qd = cfg.q_dim();
+        let mut batch = PagedBatch {
+            context_lens: vec![],
+            block_tables: vec![],
+        };
+        let (mut tails, mut rows) = (vec![], vec![]);
+        for (i, c) in chunks.iter().enumerate() {
+            let Some(t) = &c.tree else { continue };
+            for (r, &node) in t.nodes.iter().enumerate() {
+                let path = t.tree.path_to(node);
+                batch.context_lens.push(c.start + path.len());
+                batch.block_tables.push(c.table.to_vec());
+                tails.push(RemappedTail {
+                    from: c.start,
+                    slots: path.iter().map(|&j| c.start + j).collect(),
+                });
+                rows.push(offsets[i] + r);
+            }
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // `[nodes, q_heads, 1, head_dim]` is the row layout of `q` itself.
+        let mut qn = Vec::with_capacity(rows.len() * qd);
+        for &r in &rows {
+            qn.extend_from_slice(&q[r * qd..(r + 1) * qd]);
+        }
+        let shape = PagedDecodeShape {
+            q_heads: cfg.heads,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            q_len: 1,
+            scale: cfg.attn_scale(),
+            window: self.layers[li].window,
+            softcap: cfg.blocks.attn_softcap,
+        };
+        let mut out = vec![f32::NAN; qn.len()];
+        paged_decode_cache_remapped(&shape, &batch, &tails, &kv.layers[li], &qn, &mut out, split)?;
+        for (s, &r) in rows.iter().enumerate() {
+            attn[r * qd..(r + 1) * qd].copy_from_slice(&out[s * qd..(s + 1) * qd]);
+        }
+        Ok(())
     }
 }
