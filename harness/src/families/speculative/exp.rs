@@ -31,6 +31,12 @@ use std::time::Instant;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SpecCols {
     pub model: String,
+    /// The target's (and a model drafter's) projection product and attention. (Absent from
+    /// runs before the columns existed: those ran `fused` and `flash2`.)
+    #[serde(default)]
+    pub matmul: String,
+    #[serde(default)]
+    pub attention: String,
     pub drafter: String,
     pub tree: String,
     /// chain | static | dynamic
@@ -120,9 +126,11 @@ impl Adapt {
 /// The largest pass the cost policy times before a prompt's runs (`generate`'s cap).
 const COST_MAX_TOKENS: usize = 33;
 
-fn shape_cols(model: &str, drafter: &str, shape: &TreeShape) -> SpecCols {
+fn shape_cols(target: &SpecCols, drafter: &str, shape: &TreeShape) -> SpecCols {
     SpecCols {
-        model: model.into(),
+        model: target.model.clone(),
+        matmul: target.matmul.clone(),
+        attention: target.attention.clone(),
         drafter: drafter.into(),
         tree: shape.label(),
         shape_kind: shape.label().split(':').next().unwrap_or("").into(),
@@ -191,10 +199,13 @@ fn prompt_text(kind: &str) -> Result<&'static str> {
     Ok(match kind {
         "prose" => "The history of the old harbour town begins in the twelfth century, when",
         "code" => "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\ndef factorial(n):\n",
+        // An edit of code in the prompt (what prompt lookup and SuffixDecoding are for): the
+        // answer restates most of the prompt.
+        "code_edit" => "# Original:\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / len(xs)\n\n\ndef variance(xs):\n    m = mean(xs)\n    total = 0\n    for x in xs:\n        total += (x - m) ** 2\n    return total / len(xs)\n\n\n# The same code with type hints:\n",
         "repetitive" => "one two three four five, one two three four five, one two three four five, one two",
         o => {
             return Err(HarnessError::Usage(format!(
-                "prompt '{o}' is not prose, code or repetitive"
+                "prompt '{o}' is not prose, code, code_edit or repetitive"
             )))
         }
     })
@@ -205,6 +216,25 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let (opts, spec, spec_path, grid) = (req.opts, req.spec, req.spec_path, req.grid.clone());
     let g = GridValues(&grid);
     let model_name = g.one_string("model", "smollm2")?;
+    // `harness generate`'s defaults: paged attention (a tree's nodes scored as decode steps,
+    // so greedy output is plain greedy's bits) and the packed int8 product.
+    let (matmul, attention) = (
+        g.one_string("matmul", "packed")?,
+        g.one_string("attention", "paged")?,
+    );
+    let target_cols = SpecCols {
+        model: model_name.clone(),
+        matmul: matmul.clone(),
+        attention: attention.clone(),
+        ..SpecCols::default()
+    };
+    let load_opts = LoadFlags {
+        attention: Some(attention.clone()),
+        capacity: Some("dropless".into()),
+        matmul: Some(matmul.clone()),
+        ..LoadFlags::default()
+    }
+    .options()?;
     let drafters = g.strings("drafter", &["ngram"]);
     let trees = g
         .strings("tree", &["chain:4"])
@@ -234,7 +264,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
         .collect::<Result<_>>()?;
     // Model, prompts and every drafter are set up before results/ is touched.
     let path = resolve_model(&model_name)?;
-    let loaded = load(&path, &models::LoadOptions::default())?;
+    let loaded = load(&path, &load_opts)?;
     let tok = loaded.tokenizer.as_ref().ok_or_else(|| {
         HarnessError::Usage(format!(
             "model {model_name} has no tokenizer for the prompts"
@@ -272,15 +302,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 continue;
             }
             held = held.saturating_add(need);
-            // `harness generate`'s defaults: flash2 attention, the file's weights, the
-            // fused product, dropless MoE; sampled at this temperature (top-k/top-p off).
-            let load = LoadFlags {
-                attention: Some("flash2".into()),
-                capacity: Some("dropless".into()),
-                matmul: Some("fused".into()),
-                ..LoadFlags::default()
-            }
-            .options()?;
+            // A model drafter loads as the target does (`generate`'s way), sampled at this
+            // temperature (top-k/top-p off).
+            let load = load_opts.clone();
             let sampler = SamplerConfig {
                 temperature: temp as f32,
                 top_k: 0,
@@ -328,7 +352,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                                 policy: adapt.policy(),
                                 temperature: temp,
                                 prompt: p.to_string(),
-                                ..shape_cols(&model_name, d, shape)
+                                ..shape_cols(&target_cols, d, shape)
                             },
                             note.clone(),
                         ));
@@ -445,7 +469,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         draft_vs_target: (st.draft_s > 0.0 && st.drafted_depth > 0)
                             .then(|| step_s / (st.draft_s / st.drafted_depth as f64)),
                         breakeven_acceptance: (drafted > 0.0).then(|| (pass_steps - 1.0) / drafted),
-                        ..shape_cols(&model_name, d, shape)
+                        ..shape_cols(&target_cols, d, shape)
                     },
                     note: String::new(),
                 });
@@ -472,7 +496,15 @@ pub fn render(spec: &ExperimentSpec, csv: &Path, prov: &Provenance) -> Result<Re
 
 /// The markdown table of a spec run.
 pub fn tables(rows: &[SpecRow]) -> String {
-    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n| drafter | tree | adaptive (mean depth) | T | prompt | acceptance | break-even acceptance | tokens/pass | nodes/pass | verify / round (decode steps) | draft × faster | draft share | plain tok/s | spec tok/s | speed-up (p10–p90) | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Speculative decoding against plain decoding (same process)\n\n");
+    if let Some(r) = rows.first().filter(|r| !r.matmul.is_empty()) {
+        let _ = writeln!(
+            md,
+            "Target {}: the {} product, {} attention.\n",
+            r.model, r.matmul, r.attention
+        );
+    }
+    md.push_str("| drafter | tree | adaptive (mean depth) | T | prompt | acceptance | break-even acceptance | tokens/pass | nodes/pass | verify / round (decode steps) | draft × faster | draft share | plain tok/s | spec tok/s | speed-up (p10–p90) | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("–".to_string(), f);
     for r in rows {
         let _ = writeln!(
