@@ -67,3 +67,40 @@ fn the_automatic_split_is_caught_depending_on_the_thread_count() {
     assert!(!r.threads.identical(), "{:?}", r.threads);
     assert!(r.threads.max_abs < 1e-3, "{:?}", r.threads);
 }
+
+#[test]
+fn a_verification_pass_gives_each_token_the_bits_of_its_decode_step() {
+    // Every logit of a k-token pass whose every logit is read (a draft chain's verification)
+    // equals that token's decode step bit for bit, at contexts where the partitions of one
+    // multi-token call (cut over the whole chunk's context) would differ from a step's, and
+    // past the 16 tokens paged decode takes in one call.
+    use models::speculative::cost::ScratchStep;
+    use models::Session;
+    for attention in ["paged", "paged:split=64"] {
+        let opts = LoadOptions {
+            attention: attention.into(),
+            weights: Some(WeightFormat::Q4_0),
+            matmul: MatVecVariant::Packed(None),
+            ..LoadOptions::default()
+        };
+        let m = load("tiny-gqa", &opts).unwrap().model;
+        for (context, k) in [(40, 5), (300, 8), (700, 17)] {
+            let ids: Vec<u32> = (0..(context + k) as u32)
+                .map(|i| (i * 7919 + 13) % 500)
+                .collect();
+            let mut pass = ScratchStep::new(&m, ids.clone(), context).unwrap();
+            let (_, all) = pass.step(k).unwrap();
+            let mut s = Session::new(&m, context + k, 16).unwrap();
+            s.forward(&ids[..context]).unwrap();
+            let v = m.cfg.vocab;
+            for (i, &t) in ids[context..].iter().enumerate() {
+                let one = s.forward(&[t]).unwrap();
+                let got = &all[i * v..(i + 1) * v];
+                assert!(
+                    one.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{attention} context {context}: token {i} of {k} differs from its decode step"
+                );
+            }
+        }
+    }
+}

@@ -136,6 +136,7 @@ fn a_tree_pass_scores_each_path_like_a_plain_pass() {
         start: 0,
         table: &table,
         all_logits: false,
+        verify: false,
         tree: None,
     };
     m.forward(&mut kv, &[chunk]).unwrap();
@@ -148,6 +149,7 @@ fn a_tree_pass_scores_each_path_like_a_plain_pass() {
                 start: prompt.len(),
                 table: &table,
                 all_logits: true,
+                verify: false,
                 tree: Some(models::model::forward::TreeChunk {
                     tree: &tree,
                     nodes: &nodes,

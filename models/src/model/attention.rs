@@ -1,7 +1,8 @@
-//! The attention of one layer over the paged KV cache, for a batch of chunks: draft-tree
-//! chunks (SpecInfer) node by node as the decode steps at their positions (under paged
-//! attention: remapped paged decode, bit-identical to plain decoding) or by tree attention
-//! (under a contiguous `--attention`), paged decode on the pool for chunks of ≤ 16 tokens
+//! The attention of one layer over the paged KV cache, for a batch of chunks: verification
+//! chunks (draft trees, SpecInfer; draft chains: `SeqChunk::verify`) row by row as the decode
+//! steps at their positions under paged attention (remapped paged decode, bit-identical to
+//! plain decoding), or draft trees by tree attention under a contiguous `--attention`;
+//! paged decode on the pool for other chunks of ≤ 16 tokens
 //! (vLLM PagedAttention), or a contiguous kernel on K/V gathered from the cache (prompts, and
 //! every chunk under a contiguous `--attention`), at the model's scale (1/√head_dim, or the
 //! architecture's: Gemma's query_pre_attn_scalar), within the layer's sliding window (a query
@@ -37,9 +38,9 @@ impl Llama {
         let mut attn = vec![f32::NAN; q.len()];
         let mut done = vec![false; chunks.len()];
         if let AttentionChoice::Paged(split) = self.attention {
-            self.tree_nodes_as_decode_steps(kv, li, chunks, offsets, q, split, &mut attn)?;
+            self.verified_rows_as_decode_steps(kv, li, chunks, offsets, q, split, &mut attn)?;
             for (d, c) in done.iter_mut().zip(chunks) {
-                *d |= c.tree.is_some();
+                *d |= verified_row_by_row(c);
             }
         }
         for (i, c) in chunks.iter().enumerate() {
@@ -162,14 +163,17 @@ impl Llama {
         Ok(attn)
     }
 
-    /// Under paged attention, every draft-tree node of every tree chunk is scored as the
-    /// decode step at its position would score it: one query token over the committed
-    /// context and the node's path (read from the nodes' slots), with decode's partitions
-    /// and summation order. The node's logits are then the bits plain decoding would give,
-    /// so greedy speculative output equals plain greedy output exactly (tree attention's own
-    /// two-pass softmax differs from decode in the last bits, enough to flip a near-tie).
+    /// Under paged attention, every row of a verification chunk (`verified_row_by_row`) is
+    /// scored as the decode step at its position would score it: one query token over the
+    /// committed context and its own path — a draft tree's nodes read from their slots, a
+    /// chain's tokens in place — with decode's partitions and summation order. Its logits
+    /// are then the bits plain decoding would give, so greedy speculative output equals
+    /// plain greedy output exactly (tree attention's two-pass softmax, or one multi-token
+    /// call partitioned over the whole chunk's context, differs from decode in the last
+    /// bits, enough to flip a near-tie). Each row reads its context once, where a
+    /// multi-token call reads it once for all rows: exactness costs K/V reads, not weights.
     #[allow(clippy::too_many_arguments)]
-    fn tree_nodes_as_decode_steps(
+    fn verified_rows_as_decode_steps(
         &self,
         kv: &KvPools,
         li: usize,
@@ -187,15 +191,27 @@ impl Llama {
         };
         let (mut tails, mut rows) = (vec![], vec![]);
         for (i, c) in chunks.iter().enumerate() {
-            let Some(t) = &c.tree else { continue };
-            for (r, &node) in t.nodes.iter().enumerate() {
-                let path = t.tree.path_to(node);
-                batch.context_lens.push(c.start + path.len());
+            if !verified_row_by_row(c) {
+                continue;
+            }
+            for r in 0..c.tokens.len() {
+                let tail = match &c.tree {
+                    Some(t) => {
+                        let path = t.tree.path_to(t.nodes[r]);
+                        RemappedTail {
+                            from: c.start,
+                            slots: path.iter().map(|&j| c.start + j).collect(),
+                        }
+                    }
+                    // A chain in place: nothing remapped.
+                    None => RemappedTail {
+                        from: c.start + r + 1,
+                        slots: vec![],
+                    },
+                };
+                batch.context_lens.push(tail.from + tail.slots.len());
                 batch.block_tables.push(c.table.to_vec());
-                tails.push(RemappedTail {
-                    from: c.start,
-                    slots: path.iter().map(|&j| c.start + j).collect(),
-                });
+                tails.push(tail);
                 rows.push(offsets[i] + r);
             }
         }
@@ -223,4 +239,11 @@ impl Llama {
         }
         Ok(())
     }
+}
+
+/// Chunks whose rows paged attention scores one at a time as decode steps: draft trees, and
+/// verification passes of several tokens (the engine's draft chains, the speculative cost
+/// measurements).
+fn verified_row_by_row(c: &SeqChunk) -> bool {
+    c.tree.is_some() || (c.verify && c.tokens.len() > 1)
 }

@@ -26,6 +26,11 @@ pub struct SeqChunk<'a> {
     pub table: &'a [u32],
     /// Logits of every token of the chunk (else only of the last).
     pub all_logits: bool,
+    /// A verification pass: every token's logits must be those of decoding the chunk one
+    /// token at a time. Under paged attention each token is then scored as its own decode
+    /// step (bit-identical, each reading its own context); otherwise the chunk's tokens share
+    /// one multi-token call (a prompt's, an evaluation's).
+    pub verify: bool,
     /// The tokens are nodes of a draft tree (speculative decoding): see `TreeChunk`.
     pub tree: Option<TreeChunk<'a>>,
 }

@@ -95,6 +95,7 @@ pub fn decode_together(
             start: 0,
             table,
             all_logits: false,
+            verify: false,
             tree: None,
         })
         .collect();
@@ -110,6 +111,7 @@ pub fn decode_together(
                 start: s.prompt.len() + step,
                 table,
                 all_logits: false,
+                verify: false,
                 tree: None,
             })
             .collect();

@@ -633,6 +633,7 @@ impl<'m> Engine<'m> {
                 start,
                 table,
                 all_logits,
+                verify: all_logits,
                 tree: None,
             })
             .collect();

@@ -74,6 +74,7 @@ impl<'m> Session<'m> {
             start: self.len,
             table: &self.table,
             all_logits: all_logits || crosses,
+            verify: false,
             tree: None,
         };
         let logits = self.model.forward(&mut self.kv, &[chunk])?;

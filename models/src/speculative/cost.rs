@@ -132,6 +132,7 @@ impl<'a> ScratchStep<'a> {
             start: 0,
             table: &table,
             all_logits: false,
+            verify: false,
             tree: None,
         };
         target.forward(&mut kv, &[prompt])?;
@@ -159,6 +160,7 @@ impl<'a> ScratchStep<'a> {
             start: self.context,
             table: &self.table,
             all_logits: true,
+            verify: true,
             tree: None,
         };
         let t0 = Instant::now();

@@ -116,6 +116,7 @@ impl Drafter for ModelDrafter {
                 start: shared,
                 table: &self.table,
                 all_logits: false,
+                verify: false,
                 tree: None,
             };
             self.model.forward(&mut self.kv, &[chunk])?;
@@ -137,6 +138,7 @@ impl Drafter for ModelDrafter {
             start: self.cached.len(),
             table: &self.table,
             all_logits: true,
+            verify: false,
             tree: Some(TreeChunk { tree, nodes }),
         };
         let logits = self.model.forward(&mut self.kv, &[chunk])?.remove(0);

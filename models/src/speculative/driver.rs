@@ -234,6 +234,7 @@ pub fn generate(
             start: 0,
             table: &table,
             all_logits: false,
+            verify: false,
             tree: None,
         }],
     )?;
@@ -260,6 +261,7 @@ pub fn generate(
                     start: ctx,
                     table: &table,
                     all_logits: true,
+                    verify: true,
                     tree: Some(TreeChunk {
                         tree: &d.tree,
                         nodes: &nodes,

@@ -112,6 +112,7 @@ fn decode_times(
             start: 0,
             table: t,
             all_logits: false,
+            verify: false,
             tree: None,
         };
         last.push(argmax(&m.forward(&mut kv, &[chunk])?[0]));
@@ -136,6 +137,7 @@ fn decode_times(
                 start: context + step,
                 table,
                 all_logits: false,
+                verify: false,
                 tree: None,
             })
             .collect();
@@ -466,10 +468,12 @@ fn bytes_per_param(m: &Llama) -> f64 {
 /// rounding boundary flips, and one flipped code moves the logits by up to the quantisation
 /// step, amplified through the layers. Up to `INT8_FLIP_BOUND` with every top-1 token the
 /// same, the row passes and says so; a real error (a wrong row, position or mask) is far
-/// larger. Measured on SmolLM2-135M (q4_0, q8_0, Q4_1; packed and fused:act=q8, 2 threads and
-/// 1): bit-identical for k ≤ 15, 2–5e-2 from k = 16 (chunks of more than 16 tokens also leave
-/// paged decode for a contiguous kernel; which f32 op first differs at 16 is not pinned down
-/// yet); the f32 product stays within 2e-6 at every k.
+/// larger. Under paged attention a verification pass scores each token as its decode step
+/// (`models::model::attention`), so the logits are bit-identical at every k and context
+/// (before that: identical for k ≤ 15 at context 64, 2–5e-2 from k = 16, where one
+/// multi-token call's partitions, or the contiguous kernel past 16 tokens, summed the
+/// context in another order); the bound still serves contiguous attentions. The f32 product
+/// stayed within 2e-6 at every k.
 fn verify_int8_flips(row: &mut DecodeRow, variant: MatVecVariant, err: f64, same: usize, k: usize) {
     const INT8_FLIP_BOUND: f64 = 0.1;
     let int8 = matches!(
