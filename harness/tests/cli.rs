@@ -319,7 +319,13 @@ fn bad_pipeline_experiments_write_nothing() {
     // Models, drafters, lengths and formats are checked before results/ is touched.
     let s = Setup::new("bad_pipeline");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
-    for name in ["batching", "decode_roofline", "spec_tree", "kv_alloc"] {
+    for name in [
+        "batching",
+        "decode_roofline",
+        "spec_tree",
+        "kv_alloc",
+        "serving_spec",
+    ] {
         let file = format!("{name}.toml");
         fs::copy(repo.join(&file), s.exps.join(&file)).unwrap();
     }
@@ -331,6 +337,18 @@ fn bad_pipeline_experiments_write_nothing() {
     s.expect_usage_error(&quick(&["batching", "--set", "model=nosuch"]), "nosuch");
     s.expect_usage_error(&quick(&["batching", "--set", "mode=fifo"]), "fifo");
     s.expect_usage_error(&quick(&["batching", "--set", "kv_blocks=2"]), "KV blocks");
+    s.expect_usage_error(
+        &quick(&["serving_spec", "--set", "text=/no/such/text.txt"]),
+        "/no/such/text.txt",
+    );
+    s.expect_usage_error(
+        &quick(&["serving_spec", "--set", "matmul=nosuch"]),
+        "nosuch",
+    );
+    s.expect_usage_error(
+        &quick(&["serving_spec", "--set", "text=licenses,rust"]),
+        "one value",
+    );
     s.expect_usage_error(
         &quick(&["decode_roofline", "--set", "prefill_tokens=999999"]),
         "prefill_tokens",
@@ -1184,4 +1202,41 @@ fn check_invariance_reports_every_variant_and_the_deterministic_ones_hold() {
     // --model without --invariance is a usage error.
     let bad = harness(&["check", "--model", "tiny-gqa"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}
+
+#[test]
+fn serving_with_speculation_on_a_real_text_records_the_text_and_acceptance() {
+    // Prompts cut from a text (here a small repetitive file, so prompt lookup finds drafts),
+    // speculation inside the engine beside the same engine without it.
+    let s = Setup::new("serving_text");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    fs::copy(
+        repo.join("serving_spec.toml"),
+        s.exps.join("serving_spec.toml"),
+    )
+    .unwrap();
+    let corpus = s.exps.join("corpus.txt");
+    fs::write(&corpus, "for i in 0..n { total += x[i]; }\n".repeat(40)).unwrap();
+    let set = format!("text={}", corpus.display());
+    let out = s.run(&["exp", "serving_spec", "--quick", "--set", &set]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dir = s.results.join("serving_spec");
+    let rows = common::csv_rows(&dir);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["status"], "ok");
+        assert_eq!(r["text"], corpus.display().to_string());
+        assert_eq!(r["matmul"], "fused");
+    }
+    let spec = rows
+        .iter()
+        .find(|r| r["spec"] != "off")
+        .expect("a speculative row");
+    let accepted: f64 = spec["spec_acceptance"].parse().unwrap();
+    assert!(
+        accepted > 0.0,
+        "prompt lookup on a repetitive text accepts drafts: {spec:?}"
+    );
+    let md = fs::read_to_string(files_with_ext(&dir, "md")[0].clone()).unwrap();
+    assert!(md.contains("Speculation inside the engine against"), "{md}");
 }

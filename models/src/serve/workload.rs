@@ -2,6 +2,8 @@
 //! (the shape of the ShareGPT traces vLLM was evaluated on — Kwon et al. report mean input 161
 //! and output 338 tokens; the means here are parameters), clipped to a context, an optional
 //! system prompt shared by every request, and Poisson arrivals (exponential gaps) at a rate.
+//! Prompts are random tokens, or windows of a real text's tokens at seeded offsets
+//! (`draw_from`), so a drafter that looks up the prompt meets what real requests give it.
 
 use crate::serve::sampler::SamplerConfig;
 use crate::serve::scheduler::Request;
@@ -62,8 +64,15 @@ impl Workload {
         Ok(())
     }
 
-    /// The requests, seeded.
+    /// The requests, seeded, with random-token prompts.
     pub fn draw(&self) -> Vec<Drawn> {
+        self.draw_from(None)
+    }
+
+    /// The requests, seeded; with `corpus` (a tokenised text), each prompt after the system
+    /// prompt is the corpus's tokens from a seeded offset (at most the whole corpus), else
+    /// random tokens.
+    pub fn draw_from(&self, corpus: Option<&[u32]>) -> Vec<Drawn> {
         let mut r = rng(self.seed);
         let (p, o) = (
             lognormal(self.prompt_mean, self.sigma),
@@ -82,7 +91,14 @@ impl Workload {
                 }
                 let own = (p.sample(&mut r).round() as usize).clamp(1, self.max_prompt);
                 let mut prompt = system.clone();
-                prompt.extend((0..own).map(|_| r.gen_range(0..self.vocab as u32)));
+                match corpus.filter(|c| !c.is_empty()) {
+                    Some(c) => {
+                        let own = own.min(c.len());
+                        let at = r.gen_range(0..=c.len() - own);
+                        prompt.extend_from_slice(&c[at..at + own]);
+                    }
+                    None => prompt.extend((0..own).map(|_| r.gen_range(0..self.vocab as u32))),
+                }
                 Drawn {
                     prompt,
                     output: (o.sample(&mut r).round() as usize).clamp(1, self.max_new),
@@ -95,7 +111,12 @@ impl Workload {
     /// The drawn requests as scheduler requests (greedy, no end-of-sequence: each generates
     /// exactly its drawn output length).
     pub fn requests(&self) -> Vec<Request> {
-        self.draw()
+        self.requests_from(None)
+    }
+
+    /// `requests` with prompts cut from `corpus` when given (`draw_from`).
+    pub fn requests_from(&self, corpus: Option<&[u32]>) -> Vec<Request> {
+        self.draw_from(corpus)
             .into_iter()
             .enumerate()
             .map(|(i, d)| Request {
@@ -112,5 +133,58 @@ impl Workload {
                 eos: None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload() -> Workload {
+        Workload {
+            requests: 40,
+            prompt_mean: 24.0,
+            output_mean: 8.0,
+            sigma: 0.8,
+            max_new: 32,
+            system_prompt: 3,
+            max_prompt: 96,
+            rate: 2.0,
+            vocab: 1000,
+            seed: 5,
+        }
+    }
+
+    #[test]
+    fn prompts_from_a_corpus_are_its_windows_after_the_system_prompt() {
+        let w = workload();
+        let corpus: Vec<u32> = (0..500u32).map(|i| (i * 37 + 11) % 1000).collect();
+        let drawn = w.draw_from(Some(&corpus));
+        assert_eq!(drawn, w.draw_from(Some(&corpus)), "seeded");
+        let random = w.draw();
+        assert_eq!(drawn.len(), random.len());
+        let mut starts = std::collections::BTreeSet::new();
+        for (d, r) in drawn.iter().zip(&random) {
+            // The same system prompt as the random workload's.
+            assert_eq!(d.prompt[..3], r.prompt[..3]);
+            let own = &d.prompt[3..];
+            assert!(!own.is_empty() && own.len() <= w.max_prompt);
+            let at = corpus
+                .windows(own.len())
+                .position(|win| win == own)
+                .expect("a prompt is a window of the corpus");
+            starts.insert(at);
+        }
+        assert!(starts.len() > 20, "offsets vary: {starts:?}");
+        // A corpus shorter than a prompt gives the whole corpus.
+        let short = [7u32, 8, 9];
+        for d in w.draw_from(Some(&short)) {
+            assert!(d.prompt[3..].len() <= 3);
+            assert!(short
+                .windows(d.prompt.len() - 3)
+                .any(|x| x == &d.prompt[3..]));
+        }
+        // An empty corpus falls back to random tokens.
+        assert_eq!(w.draw_from(Some(&[])), random);
     }
 }

@@ -76,6 +76,13 @@ pub struct ServingCols {
     /// Draft tokens accepted / drafted (empty without speculation).
     #[serde(default)]
     pub spec_acceptance: Option<f64>,
+    /// Where prompts come from: `random` tokens or a text's name (empty in runs from before
+    /// the column: random).
+    #[serde(default)]
+    pub text: String,
+    /// The projections' product (empty in runs from before the column: fused).
+    #[serde(default)]
+    pub matmul: String,
 }
 
 /// A row: the shared head, these columns, the note.
@@ -144,7 +151,20 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 
 /// The markdown table of a serving run.
 pub fn tables(rows: &[ServingRow]) -> String {
-    let mut md = String::from("## Batching modes under Poisson arrivals\n\n| model | load | mode | preempt (objective ms) | rate req/s | tokens/s | TTFT p50 / p95 / p99 ms | TPOT p50 / p95 / p99 ms | latency mean / p95 ms | inter-token p95 ms | within objective | mean batch | preemptions / pauses | padding % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("## Batching modes under Poisson arrivals\n\n");
+    if let Some(r) = rows.first().filter(|r| !r.text.is_empty()) {
+        let _ = writeln!(
+            md,
+            "Prompts: {}; the {} product.\n",
+            if r.text == "random" {
+                "random tokens".to_string()
+            } else {
+                format!("windows of the text `{}`", r.text)
+            },
+            r.matmul
+        );
+    }
+    md.push_str("| model | load | mode | preempt (objective ms) | rate req/s | tokens/s | TTFT p50 / p95 / p99 ms | TPOT p50 / p95 / p99 ms | latency mean / p95 ms | inter-token p95 ms | within objective | mean batch | preemptions / pauses | padding % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             md,
@@ -175,6 +195,42 @@ pub fn tables(rows: &[ServingRow]) -> String {
             r.preemptions,
             r.pauses.map_or("–".into(), |p| p.to_string()),
             opt(r.padding_pct, 1)
+        );
+    }
+    md.push('\n');
+    md.push_str(&speculation_table(rows));
+    md
+}
+
+/// Each speculative row against the row without speculation at the same model, load and
+/// mode (same requests, same offered rate): throughput and TPOT p50 / p99 as ratios.
+fn speculation_table(rows: &[ServingRow]) -> String {
+    let plain = |r: &ServingRow| {
+        rows.iter()
+            .find(|o| o.spec == "off" && o.model == r.model && o.load == r.load && o.mode == r.mode)
+    };
+    let pairs: Vec<(&ServingRow, &ServingRow)> = rows
+        .iter()
+        .filter(|r| !r.spec.is_empty() && r.spec != "off" && r.head.status == "ok")
+        .filter_map(|r| plain(r).map(|p| (r, p)))
+        .collect();
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("## Speculation inside the engine against the same engine without it\n\n| model | load | mode | spec | accepted | tokens/s × | TPOT p50 ÷ | TPOT p99 ÷ |\n|---|---|---|---|---|---|---|---|\n");
+    for (r, p) in pairs {
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            r.model,
+            r.load,
+            r.mode,
+            r.spec,
+            r.spec_acceptance
+                .map_or("–".into(), |a| format!("{:.0}%", 100.0 * a)),
+            r.throughput_tok_s / p.throughput_tok_s,
+            p.tpot_p50_ms / r.tpot_p50_ms,
+            p.tpot_p99_ms / r.tpot_p99_ms
         );
     }
     md.push('\n');

@@ -22,6 +22,7 @@ use crate::row::{Head, Row};
 use crate::run_files::{ExpRequest, GridValues, RunFiles};
 use crate::spec::ExperimentSpec;
 use crate::sweep::PointKey;
+use crate::texts::Text;
 use cols::{percentile, summarise, tables, ServingCols};
 use models::serve::scheduler::SloPolicy;
 use models::serve::workload::Workload;
@@ -78,6 +79,14 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     (
         "spec",
         "off | ngram[:N][:k=K] | suffix[:D][:k=K]: speculative decoding inside the engine, each decoding sequence's draft chain verified in the shared batch",
+    ),
+    (
+        "text",
+        "random (random-token prompts) | gpl3 | licenses | rust | seeds | a UTF-8 file: prompts cut from the text's tokens at seeded offsets (one value per run)",
+    ),
+    (
+        "matmul",
+        "the projections' product: fused (default; f32 activations) | packed | fused:act=q8 (one value per run)",
     ),
     ("requests", "requests per run"),
     ("prompt_mean", "mean prompt tokens (log-normal)"),
@@ -156,11 +165,21 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     })?;
     let block_size = g.one("block_size", "16", "a positive integer", |n: usize| n > 0)?;
     let kv_blocks = g.one("kv_blocks", "512", "a positive integer", |n: usize| n > 0)?;
+    let text = g.one_string("text", "random")?;
+    let matmul = g.one_string("matmul", "fused")?;
     let opts_load = crate::load_flags::LoadFlags {
         attention: Some("paged".into()),
+        matmul: Some(matmul.clone()),
         ..Default::default()
     }
     .options()?;
+    let text = match text.as_str() {
+        "random" => None,
+        name => Some(Text::resolve(
+            name,
+            crate::workspace::root().ok().as_deref(),
+        )?),
+    };
     let workload = |rate: f64, vocab: usize| Workload {
         requests,
         prompt_mean,
@@ -186,15 +205,31 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     // skipped), and no engine of it is built.
     let mut loaded = vec![];
     for name in &model_names {
-        let model = load(&crate::model_source::resolve_model(name)?, &opts_load)?.model;
+        let l = load(&crate::model_source::resolve_model(name)?, &opts_load)?;
+        // The text's tokens in the model's tokenizer (a preset without one: its bytes,
+        // folded into the vocabulary, as kv_precision does).
+        let corpus: Option<Vec<u32>> = match (&text, &l.tokenizer) {
+            (None, _) => None,
+            (Some(t), Some(tok)) => Some(tok.encode(&t.content)?),
+            (Some(t), None) => Some(
+                t.content
+                    .bytes()
+                    .map(|b| b as u32 % l.model.cfg.vocab as u32)
+                    .collect(),
+            ),
+        };
+        let model = l.model;
         let w = workload(0.0, model.cfg.vocab);
         w.validate().map_err(HarnessError::Usage)?;
         let over = engine_over_budget(&model, &w, cfg(modes[0].1), &opts.mem_budget);
         if over.is_none() {
-            Engine::new(&model, cfg(modes[0].1))?.submit(w.requests())?;
+            Engine::new(&model, cfg(modes[0].1))?.submit(w.requests_from(corpus.as_deref()))?;
         }
-        loaded.push((name, model, over));
+        loaded.push((name, model, over, corpus));
     }
+    let text_name = text
+        .as_ref()
+        .map_or("random".to_string(), |t| t.name.clone());
     let mut points = vec![];
     for &load in &loads {
         for (label, mode) in &modes {
@@ -209,7 +244,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     let mut run = RunFiles::start(opts, spec, spec_path, grid.clone())?;
     let bar = run.progress_bar(model_names.len() * (1 + points.len()));
-    for (name, model, over) in &loaded {
+    for (name, model, over, corpus) in &loaded {
         let key = |load: f64, mode: &str, preempt: &str, slo: Option<f64>, sp: &str| {
             let mut k: Vec<(&str, &dyn std::fmt::Display)> =
                 vec![("model", name), ("load", &load), ("mode", &mode)];
@@ -253,6 +288,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         max_batch,
                         token_budget,
                         spec: sp.0.clone(),
+                        text: text_name.clone(),
+                        matmul: matmul.clone(),
                         ..ServingCols::default()
                     },
                     note: note.clone(),
@@ -274,7 +311,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     factor: SLO_FACTOR,
                 })?;
             }
-            e.submit(workload(rate, model.cfg.vocab).requests())?;
+            e.submit(workload(rate, model.cfg.vocab).requests_from(corpus.as_deref()))?;
             let t = Instant::now();
             e.run(|_| {})?;
             Result::Ok((e, t.elapsed().as_secs_f64()))
@@ -368,6 +405,8 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     busy_s: busy,
                     spec: sp.0.clone(),
                     spec_acceptance: sp.1.map(|_| e.spec_stats.acceptance_rate()),
+                    text: text_name.clone(),
+                    matmul: matmul.clone(),
                 },
                 note: String::new(),
             };
