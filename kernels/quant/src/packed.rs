@@ -375,21 +375,25 @@ fn run_tiles(w: &PackedMatrix, acts: &Acts, batch: usize, y: &mut [f32], isa: Is
                         }
                     }
                     Acts::Q8K(a) => {
+                        // As the 32-value tiles: with more activations than a pass takes,
+                        // the tile goes in pieces, every pass over a piece while it is in L1.
                         let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
-                        let (f, nb) = (w.format, w.blocks());
-                        for p0 in (0..span).step_by(4) {
-                            let n = 4.min(span - p0);
-                            let mut four = [[0.0f32; TILE]; 4];
-                            crate::packed_q4k::tile_dot(
-                                f,
-                                codes,
-                                scales,
-                                nb,
-                                &a[s0 + p0..s0 + p0 + n],
-                                &mut four,
-                                isa,
-                            );
-                            sums[p0..p0 + n].copy_from_slice(&four[..n]);
+                        let (f, nb, pass) = (w.format, w.blocks(), crate::packed_q4k::k_pass(isa));
+                        let piece = if span > pass { piece_blocks(f) } else { nb };
+                        for k0 in (0..nb).step_by(piece) {
+                            let ks = k0..(k0 + piece).min(nb);
+                            for p0 in (0..span).step_by(pass) {
+                                let n = pass.min(span - p0);
+                                crate::packed_q4k::tile_dot(
+                                    f,
+                                    codes,
+                                    scales,
+                                    ks.clone(),
+                                    &a[s0 + p0..s0 + p0 + n],
+                                    &mut sums[p0..p0 + n],
+                                    isa,
+                                );
+                            }
                         }
                     }
                 }
@@ -576,6 +580,72 @@ mod tests {
                             assert!(
                                 (got - want).abs() <= 1e-5 * mag + 1e-30,
                                 "{name} {isa} batch {batch} [{b}][{r}]: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn k_quant_tiles_in_pieces_match_the_f64_product_and_one_activation_bit_for_bit() {
+        // Q4_K and Q6_K over 3 super-blocks (3 pieces once a batch takes more than one
+        // pass), a partial last tile, batches 1..=16 and past a span, at every tier: within
+        // f32 rounding of the f64 product, and each activation's sums the bits it gets alone
+        // (the pieces chain one accumulation, so batching changes nothing).
+        let (rows, cols) = (40, 3 * SUPER);
+        assert_eq!(piece_blocks(WeightFormat::Q4_K), 1);
+        for name in ["q4_k", "q6_k"] {
+            let f = WeightFormat::parse(name).unwrap();
+            let w = WeightDist::Outliers {
+                channels: 2,
+                scale: 8.0,
+            }
+            .sample(rows, cols, 5);
+            let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
+            let p = PackedMatrix::pack(&m).unwrap();
+            let mut dec = vec![0.0f32; rows * cols];
+            for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
+                m.decode_row_range(r, 0, row, &mut vec![]);
+            }
+            let x: Vec<f32> = WeightDist::Gaussian.sample(65, cols, 13);
+            let seen: Vec<f32> = x
+                .chunks(cols)
+                .flat_map(crate::act_q8k::activation_as_seen)
+                .collect();
+            for isa in kernel_cpu::isa::runnable() {
+                let alone: Vec<Vec<f32>> = (0..65)
+                    .map(|b| {
+                        let mut y = vec![f32::NAN; rows];
+                        matmul(&p, &x[b * cols..(b + 1) * cols], 1, &mut y, isa).unwrap();
+                        y
+                    })
+                    .collect();
+                for batch in (1..=16).chain([33, 65]) {
+                    let mut y = vec![f32::NAN; batch * rows];
+                    matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
+                    for b in 0..batch {
+                        let got = &y[b * rows..(b + 1) * rows];
+                        assert!(
+                            got.iter()
+                                .zip(&alone[b])
+                                .all(|(a, c)| a.to_bits() == c.to_bits()),
+                            "{name} {isa} batch {batch}: activation {b} differs from it alone"
+                        );
+                        for r in 0..rows {
+                            let (wr, xb) = (&dec[r * cols..][..cols], &seen[b * cols..][..cols]);
+                            let want: f64 =
+                                wr.iter().zip(xb).map(|(a, c)| *a as f64 * *c as f64).sum();
+                            let mag: f64 = wr
+                                .iter()
+                                .zip(xb)
+                                .map(|(a, c)| (*a as f64 * *c as f64).abs())
+                                .sum();
+                            assert!(
+                                (got[r] as f64 - want).abs() <= 1e-5 * mag + 1e-30,
+                                "{name} {isa} batch {batch} [{b}][{r}]: {} vs {want}",
+                                got[r]
                             );
                         }
                     }

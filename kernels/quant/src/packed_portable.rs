@@ -301,19 +301,21 @@ pub(crate) fn tile_dot_q8(
     acc
 }
 
-/// Walks the super-blocks of one K-quant tile: prefetches the next one and hands `body`
-/// super-block k's codes, scales and activation codes with the tile's 16 sums.
+/// Walks the super-blocks `blocks` of one K-quant tile: prefetches the next one and hands
+/// `body` super-block k's codes, scales and activation codes with the tile's 16 sums, which
+/// start at `sums` (the blocks before these; zero for the first).
 fn for_each_super(
     format: WeightFormat,
     codes: &[u8],
     scales: &[u8],
-    nb: usize,
+    blocks: std::ops::Range<usize>,
     act: &Q8KActivation,
+    sums: [f32; TILE],
     mut body: impl FnMut(&[u8], &[u8], &[i8], usize, &mut [f32; TILE]),
 ) -> [f32; TILE] {
     let (cb, sb) = (code_bytes(format), scale_bytes(format));
-    let mut acc = [0.0f32; TILE];
-    for k in 0..nb {
+    let mut acc = sums;
+    for k in blocks {
         cores::prefetch(codes, (k + 1) * cb, cb);
         let q = &act.q[k * SUPER..(k + 1) * SUPER];
         let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
@@ -326,15 +328,17 @@ fn for_each_super(
 pub(crate) fn tile_dot_q4k(
     codes: &[u8],
     scales: &[u8],
-    nb: usize,
+    blocks: std::ops::Range<usize>,
     act: &Q8KActivation,
+    sums: [f32; TILE],
 ) -> [f32; TILE] {
     for_each_super(
         WeightFormat::Q4_K,
         codes,
         scales,
-        nb,
+        blocks,
         act,
+        sums,
         |codes, sc, q, k, acc| {
             let (mut isum, mut imin) = ([0i32; TILE], [0i32; TILE]);
             for j in 0..8 {
@@ -358,15 +362,17 @@ pub(crate) fn tile_dot_q4k(
 pub(crate) fn tile_dot_q6k(
     codes: &[u8],
     scales: &[u8],
-    nb: usize,
+    blocks: std::ops::Range<usize>,
     act: &Q8KActivation,
+    sums: [f32; TILE],
 ) -> [f32; TILE] {
     for_each_super(
         WeightFormat::Q6_K,
         codes,
         scales,
-        nb,
+        blocks,
         act,
+        sums,
         |codes, sc, q, k, acc| {
             let (mut isum, mut ioff) = ([0i32; TILE], [0i32; TILE]);
             for j in 0..8 {

@@ -25,30 +25,32 @@ unsafe fn scale_pairs(p: *const u8) -> __m256i {
     _mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32))
 }
 
-/// out[b][r] = row r of the tile whose `nblocks` Q6_K tile-blocks have their codes at `codes`
+/// out[b][r] += row r of the tile whose Q6_K tile-blocks `blocks` have their codes at `codes`
 /// and their scales at `scales` · activation b.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `nblocks` Q6_K
-/// tile-blocks, and every activation `nblocks` super-blocks (the caller asserts it).
+/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover the Q6_K
+/// tile-blocks `blocks`, and every activation those super-blocks (the caller asserts it).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // b / p index register arrays in step with the loads
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile_dot<const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: std::ops::Range<usize>,
     acts: [&Q8KActivation; B],
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let (cb, sb) = (
         code_bytes(crate::WeightFormat::Q6_K),
         scale_bytes(crate::WeightFormat::Q6_K),
     );
     let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let mut out = [[0.0f32; 16]; B];
     for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); B];
-        for k in 0..nblocks {
+        // The sums so far (a multi-pass product's earlier pieces), so pieces chain exactly.
+        let mut acc: [__m256; B] =
+            std::array::from_fn(|b| _mm256_loadu_ps(out[b].as_ptr().add(8 * h)));
+        for k in blocks.clone() {
             let (blk, sc) = (codes.add(k * cb + 32 * h), scales.add(k * sb));
             let mut isum = [_mm256_setzero_si256(); B];
             for j in 0..8 {
@@ -124,5 +126,4 @@ pub unsafe fn tile_dot<const B: usize>(
             _mm256_storeu_ps(out[b].as_mut_ptr().add(8 * h), acc[b]);
         }
     }
-    out
 }

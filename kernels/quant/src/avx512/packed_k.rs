@@ -47,24 +47,27 @@ unsafe fn pairs<const SIGNED: bool>(a: *const u8, c: *const u8) -> __m512i {
 /// Q4_K: out[b][r] = row r of the tile · activation b.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover `nblocks`
-/// Q4_K tile-blocks, and every activation `nblocks` super-blocks (the caller asserts it).
+/// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover the
+/// Q4_K tile-blocks `blocks`, and every activation those super-blocks (the caller asserts
+/// it). `out` holds the sums of the blocks before these (zero for the first).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // s / b / p index register arrays in step with the loads
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 pub unsafe fn tile_q4k<const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: std::ops::Range<usize>,
     acts: [&Q8KActivation; B],
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let (cb, sb) = (
         code_bytes(WeightFormat::Q4_K),
         scale_bytes(WeightFormat::Q4_K),
     );
     let mask = _mm512_set1_epi8(0x0F);
-    let mut acc = [_mm512_setzero_ps(); B];
-    for k in 0..nblocks {
+    // The sums so far (a multi-pass product's earlier pieces), so pieces chain exactly.
+    let mut acc: [__m512; B] = std::array::from_fn(|b| _mm512_loadu_ps(out[b].as_ptr()));
+    for k in blocks.clone() {
         let (blk, sc) = (codes.add(k * cb), scales.add(k * sb));
         let mut isum = [_mm512_setzero_si512(); B];
         for j in 0..8 {
@@ -107,7 +110,7 @@ pub unsafe fn tile_q4k<const B: usize>(
             acc[b] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[b]), _mm512_mul_ps(dmin, dx), acc[b]);
         }
     }
-    store(acc)
+    store(acc, out)
 }
 
 /// Q6_K: out[b][r] = row r of the tile · activation b.
@@ -120,16 +123,18 @@ pub unsafe fn tile_q4k<const B: usize>(
 pub unsafe fn tile_q6k<const B: usize>(
     codes: *const u8,
     scales: *const u8,
-    nblocks: usize,
+    blocks: std::ops::Range<usize>,
     acts: [&Q8KActivation; B],
-) -> [[f32; 16]; B] {
+    out: &mut [[f32; 16]; B],
+) {
     let (cb, sb) = (
         code_bytes(WeightFormat::Q6_K),
         scale_bytes(WeightFormat::Q6_K),
     );
     let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
-    let mut acc = [_mm512_setzero_ps(); B];
-    for k in 0..nblocks {
+    // The sums so far (a multi-pass product's earlier pieces), so pieces chain exactly.
+    let mut acc: [__m512; B] = std::array::from_fn(|b| _mm512_loadu_ps(out[b].as_ptr()));
+    for k in blocks.clone() {
         let (blk, sc) = (codes.add(k * cb), scales.add(k * sb));
         let mut isum = [_mm512_setzero_si512(); B];
         for j in 0..8 {
@@ -187,15 +192,13 @@ pub unsafe fn tile_q6k<const B: usize>(
             acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(d, dx), acc[b]);
         }
     }
-    store(acc)
+    store(acc, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn store<const B: usize>(acc: [__m512; B]) -> [[f32; 16]; B] {
-    let mut out = [[0.0f32; 16]; B];
+unsafe fn store<const B: usize>(acc: [__m512; B], out: &mut [[f32; 16]; B]) {
     for b in 0..B {
         _mm512_storeu_ps(out[b].as_mut_ptr(), acc[b]);
     }
-    out
 }
