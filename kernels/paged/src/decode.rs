@@ -565,19 +565,30 @@ pub fn paged_decode_cache(
     out: &mut [f32],
     split: SplitKv,
 ) -> Result<()> {
-    shape.validate(&cache.layout(), batch)?;
-    let n = shape.q_elems(batch.len());
-    if q.len() != n || out.len() != n {
+    check_cache_call(shape, batch, cache, q.len(), out.len())?;
+    decode_typed(shape, batch, &Source::of_cache(cache), q, out, split, None);
+    Ok(())
+}
+
+/// A call over `cache` whose tables must reach `reach.context_lens` (written blocks only):
+/// the shape against the cache, q and out of the batch's size.
+fn check_cache_call(
+    shape: &PagedDecodeShape,
+    reach: &PagedBatch,
+    cache: &KvCache,
+    q: usize,
+    out: usize,
+) -> Result<()> {
+    shape.validate(&cache.layout(), reach)?;
+    let n = shape.q_elems(reach.len());
+    if q != n || out != n {
         return Err(KernelError::BadBuffer(format!(
-            "q and out need {n} elements, got {} and {}",
-            q.len(),
-            out.len()
+            "q and out need {n} elements, got {q} and {out}"
         )));
     }
-    for (&len, table) in batch.context_lens.iter().zip(&batch.block_tables) {
+    for (&len, table) in reach.context_lens.iter().zip(&reach.block_tables) {
         cache.check_written(table, len)?;
     }
-    decode_typed(shape, batch, &Source::of_cache(cache), q, out, split, None);
     Ok(())
 }
 
@@ -609,7 +620,6 @@ pub fn paged_decode_cache_remapped(
             batch.len()
         ));
     }
-    let layout = cache.layout();
     // Every table must reach its furthest slot, which may lie past its context.
     let reach: Vec<usize> = batch
         .context_lens
@@ -627,24 +637,11 @@ pub fn paged_decode_cache_remapped(
             Ok(t.slots.iter().map(|&x| x + 1).fold(len, usize::max))
         })
         .collect::<Result<_>>()?;
-    shape.validate(
-        &layout,
-        &PagedBatch {
-            context_lens: reach.clone(),
-            block_tables: batch.block_tables.clone(),
-        },
-    )?;
-    let n = shape.q_elems(batch.len());
-    if q.len() != n || out.len() != n {
-        return Err(KernelError::BadBuffer(format!(
-            "q and out need {n} elements, got {} and {}",
-            q.len(),
-            out.len()
-        )));
-    }
-    for (&len, table) in reach.iter().zip(&batch.block_tables) {
-        cache.check_written(table, len)?;
-    }
+    let reach = PagedBatch {
+        context_lens: reach,
+        block_tables: batch.block_tables.clone(),
+    };
+    check_cache_call(shape, &reach, cache, q.len(), out.len())?;
     let src = Source::of_cache(cache);
     decode_typed(shape, batch, &src, q, out, split, Some(tails));
     Ok(())

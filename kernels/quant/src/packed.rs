@@ -536,6 +536,48 @@ mod tests {
         .unwrap();
     }
 
+    /// A packed `rows × cols` matrix of `name` (outlier channels, seeded) and its decoded rows.
+    fn packed_and_decoded(
+        name: &str,
+        rows: usize,
+        cols: usize,
+        seed: u64,
+    ) -> (PackedMatrix, Vec<f32>) {
+        let f = WeightFormat::parse(name).unwrap();
+        let w = WeightDist::Outliers {
+            channels: 2,
+            scale: 8.0,
+        }
+        .sample(rows, cols, seed);
+        let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
+        let mut dec = vec![0.0f32; rows * cols];
+        for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
+            m.decode_row_range(r, 0, row, &mut vec![]);
+        }
+        (PackedMatrix::pack(&m).unwrap(), dec)
+    }
+
+    /// `y` (batch × rows) within f32 rounding of the f64 product of the decoded weights with
+    /// the activations as the kernel sees them (`seen`, batch × cols).
+    fn assert_near_f64_product(y: &[f32], dec: &[f32], seen: &[f32], cols: usize, what: &str) {
+        let rows = dec.len() / cols;
+        for (b, (yb, xb)) in y.chunks(rows).zip(seen.chunks(cols)).enumerate() {
+            for (r, wr) in dec.chunks(cols).enumerate() {
+                let want: f64 = wr.iter().zip(xb).map(|(a, c)| *a as f64 * *c as f64).sum();
+                let mag: f64 = wr
+                    .iter()
+                    .zip(xb)
+                    .map(|(a, c)| (*a as f64 * *c as f64).abs())
+                    .sum();
+                let got = yb[r] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * mag + 1e-30,
+                    "{what} [{b}][{r}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_batch_from_1_to_64_and_past_a_span_matches_the_f64_product_at_every_tier() {
         // Each pass size's tails (AVX-512 takes 8 activations a pass, AVX2 and portable 4),
@@ -545,18 +587,7 @@ mod tests {
         let (rows, cols) = (40, 17 * 32);
         assert!(piece_blocks(WeightFormat::Q4_1) < 17 && piece_blocks(WeightFormat::Q8_0) < 8);
         for name in ["q4_0", "q4_1", "q5_0", "q8_0"] {
-            let f = WeightFormat::parse(name).unwrap();
-            let w = WeightDist::Outliers {
-                channels: 2,
-                scale: 8.0,
-            }
-            .sample(rows, cols, 7);
-            let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
-            let p = PackedMatrix::pack(&m).unwrap();
-            let mut dec = vec![0.0f32; rows * cols];
-            for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
-                m.decode_row_range(r, 0, row, &mut vec![]);
-            }
+            let (p, dec) = packed_and_decoded(name, rows, cols, 7);
             let x: Vec<f32> = WeightDist::Gaussian.sample(131, cols, 11);
             let seen: Vec<f32> = x
                 .chunks(cols)
@@ -566,23 +597,8 @@ mod tests {
                 for batch in (1..=64).chain([65, 72, 131]) {
                     let mut y = vec![f32::NAN; batch * rows];
                     matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
-                    for b in 0..batch {
-                        for r in 0..rows {
-                            let (wr, xb) = (&dec[r * cols..][..cols], &seen[b * cols..][..cols]);
-                            let want: f64 =
-                                wr.iter().zip(xb).map(|(a, c)| *a as f64 * *c as f64).sum();
-                            let mag: f64 = wr
-                                .iter()
-                                .zip(xb)
-                                .map(|(a, c)| (*a as f64 * *c as f64).abs())
-                                .sum();
-                            let got = y[b * rows + r] as f64;
-                            assert!(
-                                (got - want).abs() <= 1e-5 * mag + 1e-30,
-                                "{name} {isa} batch {batch} [{b}][{r}]: {got} vs {want}"
-                            );
-                        }
-                    }
+                    let what = format!("{name} {isa} batch {batch}");
+                    assert_near_f64_product(&y, &dec, &seen[..batch * cols], cols, &what);
                 }
             }
         }
@@ -597,18 +613,7 @@ mod tests {
         let (rows, cols) = (40, 3 * SUPER);
         assert_eq!(piece_blocks(WeightFormat::Q4_K), 1);
         for name in ["q4_k", "q6_k"] {
-            let f = WeightFormat::parse(name).unwrap();
-            let w = WeightDist::Outliers {
-                channels: 2,
-                scale: 8.0,
-            }
-            .sample(rows, cols, 5);
-            let m = QuantMatrix::quantize(f, rows, cols, &w).unwrap();
-            let p = PackedMatrix::pack(&m).unwrap();
-            let mut dec = vec![0.0f32; rows * cols];
-            for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
-                m.decode_row_range(r, 0, row, &mut vec![]);
-            }
+            let (p, dec) = packed_and_decoded(name, rows, cols, 5);
             let x: Vec<f32> = WeightDist::Gaussian.sample(65, cols, 13);
             let seen: Vec<f32> = x
                 .chunks(cols)
@@ -625,30 +630,16 @@ mod tests {
                 for batch in (1..=16).chain([33, 65]) {
                     let mut y = vec![f32::NAN; batch * rows];
                     matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
-                    for b in 0..batch {
-                        let got = &y[b * rows..(b + 1) * rows];
+                    for (b, got) in y.chunks(rows).enumerate() {
                         assert!(
                             got.iter()
                                 .zip(&alone[b])
                                 .all(|(a, c)| a.to_bits() == c.to_bits()),
                             "{name} {isa} batch {batch}: activation {b} differs from it alone"
                         );
-                        for r in 0..rows {
-                            let (wr, xb) = (&dec[r * cols..][..cols], &seen[b * cols..][..cols]);
-                            let want: f64 =
-                                wr.iter().zip(xb).map(|(a, c)| *a as f64 * *c as f64).sum();
-                            let mag: f64 = wr
-                                .iter()
-                                .zip(xb)
-                                .map(|(a, c)| (*a as f64 * *c as f64).abs())
-                                .sum();
-                            assert!(
-                                (got[r] as f64 - want).abs() <= 1e-5 * mag + 1e-30,
-                                "{name} {isa} batch {batch} [{b}][{r}]: {} vs {want}",
-                                got[r]
-                            );
-                        }
                     }
+                    let what = format!("{name} {isa} batch {batch}");
+                    assert_near_f64_product(&y, &dec, &seen[..batch * cols], cols, &what);
                 }
             }
         }
