@@ -594,10 +594,22 @@ mod tests {
                 .flat_map(act_q8::activation_as_seen)
                 .collect();
             for isa in kernel_cpu::isa::runnable() {
+                let mut alone = vec![f32::NAN; 131 * rows];
+                for (xb, yb) in x.chunks(cols).zip(alone.chunks_mut(rows)) {
+                    matmul(&p, xb, 1, yb, isa).unwrap();
+                }
                 for batch in (1..=64).chain([65, 72, 131]) {
                     let mut y = vec![f32::NAN; batch * rows];
                     matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
                     let what = format!("{name} {isa} batch {batch}");
+                    // Passes and pieces chain one accumulation: each activation's bits are
+                    // those it gets alone.
+                    assert!(
+                        y.iter()
+                            .zip(&alone)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: an activation differs from it alone"
+                    );
                     assert_near_f64_product(&y, &dec, &seen[..batch * cols], cols, &what);
                 }
             }
