@@ -282,7 +282,7 @@ pub fn run(args: &GenerateArgs) -> Result<i32> {
     let opts = args.load_options()?;
     if args.spec_draft.is_some() && !opts.kv_cache.is_f32() {
         return Err(HarnessError::Usage(format!(
-            "--spec-draft runs tree attention over an f32 KV cache; drop --kv-cache {}",
+            "--spec-draft moves accepted draft positions in an f32 KV cache only; drop --kv-cache {}",
             args.kv_cache
         )));
     }
