@@ -523,6 +523,7 @@ mod tests {
     fn a_solo_team_runs_every_task_on_the_leader() {
         // A pool of 2 whatever the machine: on a 1-CPU machine (or Miri's) the global pool
         // has one thread, `with_team` makes no team, and the tasks go to rayon's thread.
+        let _solo_tests = busy::SOLO_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
             .build()
