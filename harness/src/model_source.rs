@@ -1,14 +1,18 @@
 //! Models as experiments and commands name them: `smollm2` (the GGUF that
 //! scripts/fetch-models.sh fetched), a preset, a checkpoint path; and the speculative drafters
-//! (`ngram[:N]`, `suffix[:D]`, the target in a cheaper format, its first N layers, another
+//! (`ngram[:N]`, `suffix[:D][:corpus=TEXT]`, the target in a cheaper format, its first N layers, another
 //! model) built for a loaded target; the one line of a loaded model's bytes per stored type.
 //! Shared by `harness generate`, `harness eval` and the serving, decode and spec experiments.
 
 use crate::error::{HarnessError, Result};
+use crate::texts::Text;
 use kernel_quant::WeightFormat;
+use models::speculative::corpus::CorpusIndex;
 use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
 use models::speculative::suffix::SuffixDrafter;
 use models::{load, LoadOptions, SamplerConfig};
+use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
 
 /// `smollm2`, `qwen2.5-0.5b`, `gemma3-270m` → the fetched GGUF; anything else is passed to
 /// `models::load` as is.
@@ -32,30 +36,93 @@ pub fn resolve_model(name: &str) -> Result<String> {
 /// to 23 are matched.
 pub const SUFFIX_DEPTH: usize = 24;
 
-/// The depth D of a `suffix[:D]` drafter spec (at least 2, default `SUFFIX_DEPTH`); `None`
-/// when `spec` names another drafter.
-pub fn suffix_depth(spec: &str) -> Option<Result<usize>> {
+/// A `suffix[:D][:corpus=TEXT]` drafter spec: the depth D (at least 2, default
+/// `SUFFIX_DEPTH`) and the text (a `texts` name or a file) whose tokens it also drafts from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuffixSpec {
+    pub depth: usize,
+    pub corpus: Option<String>,
+}
+
+/// Parses a suffix drafter spec; `None` when `spec` names another drafter.
+pub fn suffix_spec(spec: &str) -> Option<Result<SuffixSpec>> {
     if spec != "suffix" && !spec.starts_with("suffix:") {
         return None;
     }
-    Some(match spec.strip_prefix("suffix:") {
-        None => Ok(SUFFIX_DEPTH),
-        Some(v) => v.parse::<usize>().ok().filter(|&d| d >= 2).ok_or_else(|| {
-            HarnessError::Usage(format!(
-                "--spec-draft {spec}: D (the longest indexed string) must be an integer of at least 2"
-            ))
-        }),
-    })
+    let bad = |why: String| {
+        HarnessError::Usage(format!(
+            "--spec-draft {spec}: {why} (want suffix[:D][:corpus=TEXT])"
+        ))
+    };
+    let mut out = SuffixSpec {
+        depth: SUFFIX_DEPTH,
+        corpus: None,
+    };
+    for (i, part) in spec.split(':').skip(1).enumerate() {
+        if let Some(text) = part.strip_prefix("corpus=") {
+            if text.is_empty() || out.corpus.is_some() {
+                return Some(Err(bad("one non-empty corpus=TEXT".into())));
+            }
+            out.corpus = Some(text.to_string());
+        } else if i == 0 {
+            match part.parse::<usize>().ok().filter(|&d| d >= 2) {
+                Some(d) => out.depth = d,
+                None => {
+                    return Some(Err(bad(
+                        "D (the longest indexed string) must be an integer of at least 2".into(),
+                    )))
+                }
+            }
+        } else {
+            return Some(Err(bad(format!("unknown option '{part}'"))));
+        }
+    }
+    Some(Ok(out))
 }
 
-/// The drafter `spec` names (`ngram[:N]`, `suffix[:D]`, `self:FORMAT`, `self-layers:N`, a
-/// preset or a checkpoint) for `target`, which was loaded from `model` with `opts`; a model drafter samples
-/// with `sampler` and holds `capacity` tokens of its own paged cache.
+/// The corpus index of `text` in the tokens of `tokenizer` (`model`'s) for matches below
+/// `depth` tokens, built once per process for each (text, model, depth) and shared after.
+pub fn corpus_index(
+    text: &str,
+    model: &str,
+    tokenizer: Option<&models::TextTokenizer>,
+    depth: usize,
+) -> Result<Arc<CorpusIndex>> {
+    type Key = (String, String, usize);
+    static BUILT: Mutex<Vec<(Key, Arc<CorpusIndex>)>> = Mutex::new(vec![]);
+    let tok = tokenizer.ok_or_else(|| {
+        HarnessError::Usage(format!(
+            "corpus={text}: the target has no tokenizer to read the corpus with"
+        ))
+    })?;
+    let key = (text.to_string(), model.to_string(), depth);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, index)) = built.iter().find(|(k, _)| *k == key) {
+        return Ok(index.clone());
+    }
+    let content = Text::resolve(text, crate::workspace::root().ok().as_deref())?.content;
+    // Line by line in parallel (BPE pre-tokenisation splits at newlines anyway).
+    let lines: Vec<&str> = content.split_inclusive('\n').collect();
+    let tokens: Vec<Vec<u32>> = lines
+        .par_chunks(256)
+        .map(|chunk| tok.encode(&chunk.concat()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| HarnessError::Usage(format!("corpus={text}: {e}")))?;
+    let index = Arc::new(CorpusIndex::new(tokens.concat(), depth));
+    built.push((key, index.clone()));
+    Ok(index)
+}
+
+/// The drafter `spec` names (`ngram[:N]`, `suffix[:D][:corpus=TEXT]`, `self:FORMAT`,
+/// `self-layers:N`, a preset or a checkpoint) for `target`, which was loaded from `model` with
+/// `opts` (a corpus is read with `tokenizer`, the target's); a model drafter samples with
+/// `sampler` and holds `capacity` tokens of its own paged cache.
 pub fn drafter(
     model: &str,
     opts: LoadOptions,
     sampler: SamplerConfig,
     target: &models::Llama,
+    tokenizer: Option<&models::TextTokenizer>,
     spec: &str,
     capacity: usize,
 ) -> Result<Box<dyn Drafter>> {
@@ -68,8 +135,17 @@ pub fn drafter(
         };
         return Ok(Box::new(NgramDrafter::new(n, target.cfg.vocab)));
     }
-    if let Some(d) = suffix_depth(spec) {
-        return Ok(Box::new(SuffixDrafter::new(d?, target.cfg.vocab)));
+    if let Some(s) = suffix_spec(spec) {
+        let s = s?;
+        let vocab = target.cfg.vocab;
+        return Ok(Box::new(match &s.corpus {
+            None => SuffixDrafter::new(s.depth, vocab),
+            Some(text) => SuffixDrafter::with_corpus(
+                s.depth,
+                vocab,
+                corpus_index(text, model, tokenizer, s.depth)?,
+            ),
+        }));
     }
     let mut opts = opts;
     let mut keep = None;

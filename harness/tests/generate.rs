@@ -425,6 +425,20 @@ fn speculative_generation_from_the_cli() {
         "more than 4096 draft nodes",
     );
     one_line_exit_2(&run(&["--spec-draft", "self-layers:0"]), "cannot keep 0");
+    // A corpus is read with the target's tokenizer, which a preset lacks.
+    one_line_exit_2(
+        &run(&["--spec-draft", "suffix:8:corpus=gpl3"]),
+        "no tokenizer to read the corpus",
+    );
+    one_line_exit_2(
+        &run(&["--spec-draft", "suffix:8:corpus="]),
+        "one non-empty corpus=TEXT",
+    );
+    one_line_exit_2(
+        &run(&["--spec-draft", "suffix:8:k=3"]),
+        "unknown option 'k=3'",
+    );
+    one_line_exit_2(&run(&["--spec-draft", "suffix:1"]), "at least 2");
 }
 
 #[test]

@@ -193,8 +193,19 @@ fn speculative_greedy_equals_plain_greedy() {
             24,
             target.cfg.vocab,
         )),
+        // SuffixDecoding's global tree: an earlier request's prompt and output in the corpus
+        // draft this one (last, and checked to draft most of it below).
+        Box::new(models::speculative::suffix::SuffixDrafter::with_corpus(
+            24,
+            target.cfg.vocab,
+            std::sync::Arc::new(models::speculative::corpus::CorpusIndex::new(
+                [prompt.clone(), want.clone()].concat(),
+                24,
+            )),
+        )),
     ];
-    for d in drafters.iter_mut() {
+    let with_corpus = drafters.len() - 1;
+    for (i, d) in drafters.iter_mut().enumerate() {
         for (shape, adaptive) in [
             ("chain:4", false),
             ("chain:4", true),
@@ -210,6 +221,10 @@ fn speculative_greedy_equals_plain_greedy() {
             };
             let out = generate(&target, d.as_mut(), &prompt, n, None, &cfg).unwrap();
             assert_eq!(out.tokens, want, "{} {shape} adaptive {adaptive}", d.name());
+            if i == with_corpus {
+                let per_pass = out.stats.tokens_per_pass();
+                assert!(per_pass > 2.5, "{shape}: {per_pass} tokens a pass");
+            }
         }
     }
 }

@@ -4,6 +4,9 @@
 
 /// Drafters as chains for the continuous-batching engine (`EngineSpec`).
 pub mod chain;
+/// Retrieval drafting: a token corpus indexed by a suffix array (REST; SuffixDecoding's
+/// global tree).
+pub mod corpus;
 /// The cost-aware depth policy: measured pass costs, expected tokens per step.
 pub mod cost;
 /// Drafters: a smaller model, the target in a cheaper format, n-gram lookup (and the suffix

@@ -6,13 +6,15 @@
 //! it matches the longest suffix up to `depth` tokens (n-gram lookup stops at its `n`), ranks
 //! by frequency rather than recency, and is built incrementally: a new token costs `depth`
 //! child lookups, a lookup `depth`² at most, where n-gram lookup scans the whole context for
-//! every proposal. Unlike the paper's, this tree holds one sequence's text, not a corpus of
-//! earlier requests.
+//! every proposal. The paper's global tree over earlier outputs is `corpus` (a suffix array over
+//! any token corpus, as REST's datastore), consulted beside this tree when one is given.
 
 use crate::model::llama::Result;
+use crate::speculative::corpus::CorpusIndex;
 use crate::speculative::draft::{drafted_path, DraftDist, Drafter};
 use kernel_speculative::DraftTree;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One node: the string spelled by the path from the root.
 #[derive(Debug, Clone, Default)]
@@ -93,6 +95,13 @@ impl SuffixTree {
     /// tokens) that occurred with a continuation in the indexed text, most frequent first
     /// (ties: the most recent), at most `limit`; empty when no suffix did.
     pub fn continuations(&self, context: &[u32], limit: usize) -> Vec<u32> {
+        self.longest_match(context, limit)
+            .map_or_else(Vec::new, |(_, next)| next)
+    }
+
+    /// As [`SuffixTree::continuations`], with the length of the suffix that matched; None
+    /// when no suffix did.
+    pub fn longest_match(&self, context: &[u32], limit: usize) -> Option<(usize, Vec<u32>)> {
         let longest = context.len().min(self.depth - 1);
         for m in (1..=longest).rev() {
             let Some(node) = self.find(&context[context.len() - m..]) else {
@@ -107,18 +116,20 @@ impl SuffixTree {
                 continue;
             }
             next.sort_by(|a, b| b.count.cmp(&a.count).then(b.last.cmp(&a.last)));
-            return next.into_iter().take(limit).map(|c| c.token).collect();
+            return Some((m, next.into_iter().take(limit).map(|c| c.token).collect()));
         }
-        vec![]
+        None
     }
 }
 
 /// The suffix drafter: candidates after each tree node from the suffix tree of the
-/// committed tokens, extended by the node's path in the draft tree.
+/// committed tokens, extended by the node's path in the draft tree; with a corpus, from
+/// whichever of the two matched the longer suffix (the sequence's at equal length).
 pub struct SuffixDrafter {
     pub depth: usize,
     pub vocab: usize,
     tree: SuffixTree,
+    corpus: Option<Arc<CorpusIndex>>,
 }
 
 impl SuffixDrafter {
@@ -128,7 +139,30 @@ impl SuffixDrafter {
             depth: depth.max(2),
             vocab,
             tree: SuffixTree::new(depth.max(2)),
+            corpus: None,
         }
+    }
+
+    /// Also drafts from `corpus` (shared: one index serves every sequence of an engine);
+    /// matches in it are as long as the drafter's own (`depth` − 1 tokens at most).
+    pub fn with_corpus(depth: usize, vocab: usize, corpus: Arc<CorpusIndex>) -> SuffixDrafter {
+        SuffixDrafter {
+            corpus: Some(corpus),
+            ..SuffixDrafter::new(depth, vocab)
+        }
+    }
+
+    /// The candidates after `context`: the sequence's tree, unless the corpus matched a
+    /// longer suffix.
+    fn candidates(&self, context: &[u32]) -> Vec<u32> {
+        let own = self.tree.longest_match(context, Self::LIMIT);
+        let own_len = own.as_ref().map_or(0, |o| o.0);
+        let longer = self
+            .corpus
+            .as_ref()
+            .and_then(|c| c.continuations(context, Self::LIMIT))
+            .filter(|c| c.0 > own_len);
+        longer.or(own).map_or_else(Vec::new, |(_, next)| next)
     }
 
     /// Candidates that keep a node's proposal list short (the driver takes as many as its
@@ -138,7 +172,10 @@ impl SuffixDrafter {
 
 impl Drafter for SuffixDrafter {
     fn name(&self) -> String {
-        format!("suffix:{}", self.depth)
+        match &self.corpus {
+            None => format!("suffix:{}", self.depth),
+            Some(c) => format!("suffix:{}+corpus({} tokens)", self.depth, c.len()),
+        }
     }
     fn vocab(&self) -> usize {
         self.vocab
@@ -168,7 +205,7 @@ impl Drafter for SuffixDrafter {
                 let keep = (self.depth - 1).saturating_sub(path.len()).min(text.len());
                 let mut ctx = text[text.len() - keep..].to_vec();
                 ctx.extend(&path);
-                DraftDist::Candidates(self.tree.continuations(&ctx, Self::LIMIT))
+                DraftDist::Candidates(self.candidates(&ctx))
             })
             .collect())
     }
@@ -255,5 +292,26 @@ mod tests {
         d.begin(&[7, 8, 7]).unwrap();
         let got = d.expand(&tree, &[7], &[0]).unwrap();
         assert_eq!(got, vec![DraftDist::Candidates(vec![8])]);
+    }
+
+    #[test]
+    fn with_a_corpus_the_longer_match_drafts_and_the_sequence_wins_ties() {
+        let tree = DraftTree::root();
+        // The corpus saw "1 2 3" then 9, and "2 3" then 5; the sequence saw "2 3" then 4.
+        let corpus = Arc::new(CorpusIndex::new(vec![1, 2, 3, 9, 0, 2, 3, 5, 2, 3, 5], 8));
+        let mut d = SuffixDrafter::with_corpus(8, 16, corpus);
+        assert_eq!(d.name(), "suffix:8+corpus(11 tokens)");
+        // Context "... 1 2 3": the corpus matches 3 tokens, the sequence 2.
+        d.begin(&[2, 3, 4, 1, 2, 3]).unwrap();
+        let got = d.expand(&tree, &[3], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![9])]);
+        // Context "... 8 2 3": both match 2 tokens ("2 3"): the sequence's follower drafts.
+        d.begin(&[2, 3, 4, 8, 2, 3]).unwrap();
+        let got = d.expand(&tree, &[3], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![4])]);
+        // Nothing in the sequence: the corpus alone ("3" → 5 twice, 9 once).
+        d.begin(&[7, 3]).unwrap();
+        let got = d.expand(&tree, &[3], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![5, 9])]);
     }
 }

@@ -155,10 +155,13 @@ fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize
     if spec == "ngram" || spec.starts_with("ngram:") {
         return crate::mem_guard::product(&[capacity, 64]);
     }
-    if let Some(depth) = crate::model_source::suffix_depth(spec) {
+    if let Some(s) = crate::model_source::suffix_spec(spec) {
         // A node (~64 bytes with its map entry) per indexed string: depth per token (a bad
-        // depth is refused when the drafter is built).
-        let depth = depth.unwrap_or(crate::model_source::SUFFIX_DEPTH);
+        // spec is refused when the drafter is built); a corpus's index 8 bytes a token, at
+        // most one token a byte of its text (its size is read when it is built).
+        let depth = s
+            .as_ref()
+            .map_or(crate::model_source::SUFFIX_DEPTH, |s| s.depth);
         return crate::mem_guard::product(&[capacity, depth, 64]);
     }
     let kv = planned_kv(target, capacity);
@@ -314,7 +317,15 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             drafters_at.push((
                 d,
                 temp,
-                Ok(drafter(&path, load, sampler, target, d, capacity)?),
+                Ok(drafter(
+                    &path,
+                    load,
+                    sampler,
+                    target,
+                    Some(tok),
+                    d,
+                    capacity,
+                )?),
             ));
         }
     }
