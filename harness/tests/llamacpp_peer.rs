@@ -116,6 +116,45 @@ echo '{{"pp": 16, "tg": 8, "pl": 4, "n_kv": 96, "t_pp": 0.1, "speed_pp": 640.0, 
 }
 
 #[test]
+fn a_verify_point_is_a_k_token_prompt_at_the_contexts_depth() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");
+        return;
+    }
+    let t = TempDir::new("llamacpp_peer", "verify");
+    let bin = t.join("build-native/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let args_log = t.join("bench.args");
+    // 6 ms for the whole 8-token step.
+    script(
+        &bin.join("llama-bench"),
+        &format!(
+            r#"echo "$@" > {}
+echo '[{{"samples_ns": [6000000], "avg_ts": 1333.3}}]'"#,
+            args_log.display()
+        ),
+    );
+    let model = t.join("m.gguf");
+    std::fs::write(&model, b"GGUF").unwrap();
+    let r = talk(
+        &t.0,
+        &[
+            json!({"op": "hello", "options": {"build": "native"}}),
+            json!({"op": "load", "inputs": model.display().to_string(), "threads": 2,
+                   "device": "cpu",
+                   "point": {"phase": "verify", "batch": 1, "context": 16, "tokens": 8}}),
+            json!({"op": "time", "reps": 1}),
+        ],
+    );
+    assert_eq!(r[1]["ok"], true, "{r:?}");
+    assert_eq!(r[2]["times_ms"], json!([6.0]), "{r:?}");
+    let args = std::fs::read_to_string(&args_log).unwrap();
+    for want in ["-p 8", "-n 0", "-d 16", "-t 2"] {
+        assert!(args.contains(want), "{want} in {args}");
+    }
+}
+
+#[test]
 fn the_check_runs_llama_simple_on_the_prompt() {
     if Command::new("python3").arg("--version").output().is_err() {
         eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");

@@ -151,7 +151,7 @@ fn torch_linear_and_gguf_py_at_matmul_and_quantize() {
 }
 
 #[test]
-fn llamacpp_decode_batched_and_prefill_after_its_token_check() {
+fn llamacpp_decode_batched_prefill_and_verify_after_its_token_check() {
     let model = Path::new(ROOT).join("models/cache/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !model.exists() {
         eprintln!(
@@ -186,10 +186,21 @@ fn llamacpp_decode_batched_and_prefill_after_its_token_check() {
             "steps=4",
             "--set",
             "prefill_tokens=32",
+            "--set",
+            "verify_tokens=1,4",
         ],
     );
-    // Decode at batch 1 and 2, prefill: each timed, each after the check passed.
-    all_ok(&rows, &[&peer], 3);
+    // Decode at batch 1 and 2, prefill, 1- and 4-token verify steps: each timed, each after
+    // the check passed.
+    all_ok(&rows, &[&peer], 5);
+    let cost = rows
+        .iter()
+        .find(|r| r["variant"] == peer && r["phase"] == "verify" && r["step_tokens"] == "4")
+        .map(|r| r["cost_steps"].parse::<f64>().unwrap());
+    assert!(
+        cost.is_some_and(|c| c > 0.0),
+        "llama.cpp's 4-token step in its steps: {cost:?}"
+    );
     for r in rows.iter().filter(|r| r["variant"] == peer) {
         assert!(r["note"].starts_with("checked: "), "{r:#?}");
         assert!(r["tokens_per_s"].parse::<f64>().unwrap() > 0.0, "{r:#?}");

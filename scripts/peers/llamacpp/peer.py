@@ -12,7 +12,10 @@ own warm-up):
                    -> ms per step of B tokens (t_tg / STEPS: B sequences, each its own
                    CONTEXT-token prompt, then STEPS steps that decode one token of every
                    sequence; S_TG = B / that);
-  prefill:         llama-bench -r 1 -p N -n 0 -> ms for the N-token prompt.
+  prefill:         llama-bench -r 1 -p N -n 0 -> ms for the N-token prompt;
+  verify:          llama-bench -r 1 -p K -n 0 -d CONTEXT -> ms for a K-token step of one
+                   sequence after a CONTEXT-token prompt (a verification pass; K = 1 is its
+                   1-token step, so the cost in steps is the ratio of the two).
 Both run llama.cpp's defaults otherwise (flash attention auto, its repacked CPU weights where
 the format has them), its best path on the machine.
 llama.cpp returns no tensors; `run` with {"check": {"prompt": TEXT, "tokens": N}} answers
@@ -59,6 +62,8 @@ def main():
         args = [state["bin"], "-m", state["model"], "-t", str(state["threads"]), "-r", "1", "-o", "json"]
         if p["phase"] == "decode":
             args += ["-p", "0", "-n", str(p["steps"]), "-d", str(p["context"])]
+        elif p["phase"] == "verify":
+            args += ["-p", str(p["tokens"]), "-n", "0", "-d", str(p["context"])]
         else:
             args += ["-p", str(p["prompt"]), "-n", "0"]
         out = subprocess.run(args, capture_output=True, text=True)
@@ -67,8 +72,8 @@ def main():
             raise RuntimeError(f"llama-bench exited {out.returncode}: {tail}")
         row = json.loads(out.stdout)[0]
         ns = row["samples_ns"][0]
-        tokens = p["steps"] if p["phase"] == "decode" else p["prompt"]
-        ms = ns / 1e6 / tokens if p["phase"] == "decode" else ns / 1e6
+        # Decode: per generated token; prefill and verify: the whole step.
+        ms = ns / 1e6 / p["steps"] if p["phase"] == "decode" else ns / 1e6
         return ms, row
 
     def greedy(check):

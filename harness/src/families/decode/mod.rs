@@ -329,6 +329,7 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     .iter()
                     .map(|&b| PeerPoint::decode(b, context, steps))
                     .chain(prefill.iter().map(|&p| PeerPoint::prefill(p)))
+                    .chain(verify.iter().map(|&k| PeerPoint::verify(k, context)))
                     .collect();
                 peers.slots(path, &pts, (&mut m, tokenizer.as_ref()))
             } else {
@@ -419,7 +420,20 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         bar.inc(1);
                         continue;
                     }
-                    let (t, check) = verify_times(m, context, k, steps)?;
+                    let point = PeerPoint::verify(k, context);
+                    // With a peer at the point, 5 rounds alternate ours (16 steps each) and
+                    // one call of each peer; the check is the first round's.
+                    let rounds = if peers.live_at(&slots, &point) { 5 } else { 1 };
+                    let (mut samples, mut check) = (vec![], None);
+                    for round in 0..rounds {
+                        let (t, c) = verify_times(m, context, k, steps)?;
+                        samples.extend(t.samples);
+                        if round == 0 {
+                            check = c;
+                        }
+                        peers.time_round(&mut slots, path, &point);
+                    }
+                    let t = Timing { samples };
                     let med = t.median();
                     if k == 1 {
                         one_step = Some(med);
@@ -442,8 +456,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     .iter()
                     .map(|&b| decode_phase(b))
                     .chain(prefill.iter().map(|&p| prefill_phase(p)))
+                    .chain(verify.iter().map(|&k| verify_phase(k)))
                     .collect();
-                for row in peers.rows(slots, &ctx, &phases) {
+                let mut theirs = peers.rows(slots, &ctx, &phases);
+                peer_verify_costs(&mut theirs);
+                for row in theirs {
                     rows.push(row);
                     bar.inc(1);
                 }
@@ -453,6 +470,19 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     }
     bar.finish_and_clear();
     run.finish(spec, opts.format, failures, render)
+}
+
+/// A peer's k-token steps in its own 1-token steps (its k = 1 row at the same point).
+fn peer_verify_costs(rows: &mut [DecodeRow]) {
+    let one: Vec<(String, f64)> = rows
+        .iter()
+        .filter(|r| r.phase == "verify" && r.step_tokens == Some(1) && r.head.status == "ok")
+        .filter_map(|r| Some((r.head.variant.clone(), r.head.median_ms?)))
+        .collect();
+    for r in rows.iter_mut().filter(|r| r.phase == "verify") {
+        let base = one.iter().find(|(v, _)| *v == r.head.variant).map(|o| o.1);
+        r.cols.cost_steps = base.zip(r.head.median_ms).map(|(b, m)| m / b);
+    }
 }
 
 /// Bytes per parameter of the model's projections (parameters ≈ weight bytes / this; 2 FLOPs

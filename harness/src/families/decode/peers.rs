@@ -1,6 +1,6 @@
-//! Peers of the decode family (`scripts/peers/llamacpp`: llama.cpp's `llama-bench` at batch 1
-//! and for prefill, `llama-batched-bench` at batch B > 1, on the same GGUF file, beside ours in
-//! one run). A peer serves the points it can (llama.cpp: the file as shipped); at each one it
+//! Peers of the decode family (`scripts/peers/llamacpp`: llama.cpp's `llama-bench` at batch 1,
+//! for prefill and for a k-token verification step, `llama-batched-bench` at batch B > 1, on
+//! the same GGUF file, beside ours in one run). A peer serves the points it can (llama.cpp: the file as shipped); at each one it
 //! makes one timed call in every round of ours — the runner alternates one of our runs with
 //! one call of each peer — so a peer's row gathers its samples from the rounds of every
 //! product we time at that point. llama.cpp returns no logits; before any of its times count,
@@ -26,6 +26,11 @@ impl PeerPoint {
 
     pub fn prefill(prompt: usize) -> PeerPoint {
         PeerPoint(json!({"phase": "prefill", "batch": 1, "prompt": prompt}))
+    }
+
+    /// A k-token step of one sequence after `context` tokens (a verification pass).
+    pub fn verify(tokens: usize, context: usize) -> PeerPoint {
+        PeerPoint(json!({"phase": "verify", "batch": 1, "context": context, "tokens": tokens}))
     }
 
     fn phase(&self) -> &str {
