@@ -96,6 +96,8 @@ fn greedy_speculation_in_the_batch_equals_plain_greedy() {
         ),
         // Blocks for about two requests at once: sequences are preempted and recomputed.
         (cfg(continuous, 24, 4, false), "ngram:k=4"),
+        // SuffixDecoding's global tree: earlier requests' outputs draft later ones.
+        (cfg(continuous, 24, 4, false), "suffix:8:k=4:global"),
     ] {
         let e = common::serve(&m, c, Some(spec(drafter, m.cfg.vocab)), &reqs);
         let got: BTreeMap<u64, Vec<u32>> = e
@@ -145,9 +147,17 @@ fn bad_speculation_is_an_error() {
 
 /// Sampled speculation in the batch: 4000 requests of one prompt (seeds 0..4000, top-k 3 at
 /// temperature 1, three tokens each) served 16 at a time with the suffix drafter's chains of
-/// 2; the joint of the three tokens against the target's p(t1)·p(t2 | t1)·p(t3 | t1 t2).
+/// 2, with and without the global tree (which then drafts the most frequent of the earlier
+/// requests' samples); the joint of the three tokens against the target's p(t1)·p(t2 | t1)·
+/// p(t3 | t1 t2).
 #[test]
 fn sampled_speculation_in_the_batch_keeps_the_joint_of_three_tokens() {
+    for drafter in ["suffix:4:k=2", "suffix:4:k=2:global"] {
+        sampled_joint_with(drafter);
+    }
+}
+
+fn sampled_joint_with(drafter: &str) {
     let target = model("micro");
     let prompt = [1u32, 5, 2, 7, 3];
     let probs = models::Sampler::new(sampler(1.0, 3, 0)).unwrap();
@@ -178,7 +188,7 @@ fn sampled_speculation_in_the_batch_keeps_the_joint_of_three_tokens() {
         .num_threads(1)
         .build()
         .unwrap();
-    let e = pool.install(|| common::serve(&target, c, Some(spec("suffix:4:k=2", 8)), &reqs));
+    let e = pool.install(|| common::serve(&target, c, Some(spec(drafter, 8)), &reqs));
     let mut counts = vec![0u64; 512];
     for f in &e.finished {
         counts[f.generated.iter().fold(0, |c, &t| c * 8 + t as usize)] += 1;
@@ -186,12 +196,12 @@ fn sampled_speculation_in_the_batch_keeps_the_joint_of_three_tokens() {
     let fit = chi_square(&counts, &expected);
     let st = e.spec_stats;
     println!(
-        "engine suffix chain:2: chi2 {:.1} over {} dof, p = {:.3}; {st:?}",
+        "engine {drafter}: chi2 {:.1} over {} dof, p = {:.3}; {st:?}",
         fit.statistic, fit.dof, fit.p_value
     );
-    assert!(fit.p_value > 1e-3, "{fit:?}");
+    assert!(fit.p_value > 1e-3, "{drafter}: {fit:?}");
     assert!(
         st.accepted > 100 && st.drafted > st.accepted + 100,
-        "the rule was exercised both ways: {st:?}"
+        "{drafter}: the rule was exercised both ways: {st:?}"
     );
 }

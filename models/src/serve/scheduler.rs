@@ -688,6 +688,10 @@ impl<'m> Engine<'m> {
         self.clock = now;
         for &i in &done {
             let s = &mut self.running[i];
+            let tokens = s.tokens();
+            if let Some(d) = s.drafter.as_mut() {
+                d.finish(&tokens)?;
+            }
             self.finished.push(Finished {
                 id: s.req.id,
                 prompt_len: s.req.prompt.len(),

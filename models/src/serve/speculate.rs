@@ -25,6 +25,11 @@ pub trait ChainDrafter: Send {
     /// Up to `k` tokens to follow `committed` (every token so far; fewer, or none, when it
     /// has nothing to propose).
     fn chain(&mut self, committed: &[u32], k: usize) -> Result<Vec<u32>>;
+    /// The sequence ended with `committed` (every token; a drafter that learns across
+    /// sequences, such as SuffixDecoding's global tree, takes its output now).
+    fn finish(&mut self, _committed: &[u32]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Speculation in the engine: a drafter per decoding sequence and the longest chain a step

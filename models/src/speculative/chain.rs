@@ -1,21 +1,23 @@
 //! Model-free drafters as the continuous-batching engine takes them (`serve::speculate`):
 //! any `Drafter` proposes a chain (the first candidate of each level), and `EngineSpec` names
-//! the drafter and the chain length (`ngram[:N][:k=K]`, `suffix[:D][:k=K]`).
+//! the drafter and the chain length (`ngram[:N][:k=K]`, `suffix[:D][:k=K][:global]`).
 
 use crate::model::llama::{argmax, Result};
 use crate::serve::speculate::{ChainDrafter, EngineSpeculation};
 use crate::speculative::draft::{DraftDist, Drafter, NgramDrafter};
-use crate::speculative::suffix::SuffixDrafter;
+use crate::speculative::suffix::{GlobalSuffixTree, SuffixDrafter};
 use kernel_common::KernelError;
 use kernel_speculative::DraftTree;
+use std::sync::Arc;
 
 /// Which model-free drafter each sequence gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineDrafter {
     /// Prompt lookup: the continuation of the longest earlier match of the last 1..=n tokens.
     Ngram { max_n: usize },
-    /// The suffix tree of the sequence so far, `depth` tokens deep.
-    Suffix { depth: usize },
+    /// The suffix tree of the sequence so far, `depth` tokens deep; with `global`, also
+    /// SuffixDecoding's global tree of the outputs of the requests that finished before.
+    Suffix { depth: usize, global: bool },
 }
 
 /// Speculation in the engine: the drafter and the longest chain one step drafts.
@@ -26,12 +28,12 @@ pub struct EngineSpec {
 }
 
 impl EngineSpec {
-    /// Parses `ngram[:N][:k=K]` or `suffix[:D][:k=K]` (defaults: N 3, D 24, K 4; colons,
-    /// not commas, so a spec is one value of a `--set` list).
+    /// Parses `ngram[:N][:k=K]` or `suffix[:D][:k=K][:global]` (defaults: N 3, D 24, K 4;
+    /// colons, not commas, so a spec is one value of a `--set` list).
     pub fn parse(text: &str) -> Result<EngineSpec> {
         let bad = |why: &str| {
             KernelError::Unsupported(format!(
-                "speculation '{text}': {why} (want ngram[:N][:k=K] or suffix[:D][:k=K])"
+                "speculation '{text}': {why} (want ngram[:N][:k=K] or suffix[:D][:k=K][:global])"
             ))
         };
         let positive = |a: &str| -> Result<usize> {
@@ -42,10 +44,11 @@ impl EngineSpec {
         };
         let mut parts = text.split(':');
         let kind = parts.next().unwrap_or("");
-        let (mut arg, mut max_draft) = (None, 4);
+        let (mut arg, mut max_draft, mut global) = (None, 4, false);
         for (i, p) in parts.enumerate() {
             match p.strip_prefix("k=") {
                 Some(k) => max_draft = positive(k)?,
+                None if p == "global" && kind == "suffix" => global = true,
                 None if i == 0 => arg = Some(positive(p)?),
                 None => return Err(bad(&format!("unknown option '{p}'"))),
             }
@@ -56,6 +59,7 @@ impl EngineSpec {
             },
             "suffix" => EngineDrafter::Suffix {
                 depth: arg.unwrap_or(24),
+                global,
             },
             other => return Err(bad(&format!("unknown drafter '{other}'"))),
         };
@@ -65,16 +69,31 @@ impl EngineSpec {
         Ok(EngineSpec { drafter, max_draft })
     }
 
-    /// The engine's speculation: a fresh drafter per sequence over `vocab` tokens.
+    /// The engine's speculation: a fresh drafter per sequence over `vocab` tokens (with a
+    /// global tree, one tree for the engine's sequences, each adding its output as it ends).
     pub fn speculation(&self, vocab: usize) -> EngineSpeculation {
         let kind = self.drafter;
+        let shared = match kind {
+            EngineDrafter::Suffix {
+                depth,
+                global: true,
+            } => Some(Arc::new(GlobalSuffixTree::new(depth))),
+            _ => None,
+        };
         EngineSpeculation {
             max_draft: self.max_draft,
             label: self.label(),
             new_drafter: Box::new(move || -> Box<dyn ChainDrafter> {
-                match kind {
-                    EngineDrafter::Ngram { max_n } => Box::new(NgramDrafter::new(max_n, vocab)),
-                    EngineDrafter::Suffix { depth } => Box::new(SuffixDrafter::new(depth, vocab)),
+                match (kind, &shared) {
+                    (EngineDrafter::Ngram { max_n }, _) => {
+                        Box::new(NgramDrafter::new(max_n, vocab))
+                    }
+                    (EngineDrafter::Suffix { depth, .. }, Some(g)) => {
+                        Box::new(SuffixDrafter::with_global(depth, vocab, g.clone()))
+                    }
+                    (EngineDrafter::Suffix { depth, .. }, None) => {
+                        Box::new(SuffixDrafter::new(depth, vocab))
+                    }
                 }
             }),
         }
@@ -84,7 +103,11 @@ impl EngineSpec {
     pub fn label(&self) -> String {
         match self.drafter {
             EngineDrafter::Ngram { max_n } => format!("ngram:{max_n}:k={}", self.max_draft),
-            EngineDrafter::Suffix { depth } => format!("suffix:{depth}:k={}", self.max_draft),
+            EngineDrafter::Suffix { depth, global } => format!(
+                "suffix:{depth}:k={}{}",
+                self.max_draft,
+                if global { ":global" } else { "" }
+            ),
         }
     }
 }
@@ -119,6 +142,9 @@ impl<D: Drafter + Send> ChainDrafter for D {
     fn chain(&mut self, committed: &[u32], k: usize) -> Result<Vec<u32>> {
         draft_chain(self, committed, k)
     }
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        Drafter::finish(self, committed)
+    }
 }
 
 #[cfg(test)]
@@ -143,6 +169,10 @@ mod tests {
             EngineSpec::parse("ngram:k=2").unwrap().label(),
             "ngram:3:k=2"
         );
+        assert_eq!(
+            EngineSpec::parse("suffix:global:k=2").unwrap().label(),
+            "suffix:24:k=2:global"
+        );
         for bad in [
             "model",
             "ngram:0",
@@ -151,6 +181,7 @@ mod tests {
             "suffix:j=2",
             "ngram:k=99",
             "ngram:3:4",
+            "ngram:global",
         ] {
             let e = EngineSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && !e.contains('\n'), "{bad}: {e}");

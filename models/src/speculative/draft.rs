@@ -42,6 +42,10 @@ pub trait Drafter {
     ) -> Result<Vec<DraftDist>>;
     /// The round ends with `accepted` (path nodes, root excluded).
     fn accept(&mut self, tree: &DraftTree, accepted: &[usize]) -> Result<()>;
+    /// The sequence ended with `committed` (every token); nothing to do for most drafters.
+    fn finish(&mut self, _committed: &[u32]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A draft model with its own KV cache.

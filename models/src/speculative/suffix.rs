@@ -14,7 +14,7 @@ use crate::speculative::corpus::CorpusIndex;
 use crate::speculative::draft::{drafted_path, DraftDist, Drafter};
 use kernel_speculative::DraftTree;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One node: the string spelled by the path from the root.
 #[derive(Debug, Clone, Default)]
@@ -85,6 +85,12 @@ impl SuffixTree {
         self.open = next;
     }
 
+    /// Ends a document: the next token starts new suffixes, none spanning the boundary (a
+    /// global tree holds many requests' outputs one after another).
+    pub fn end_document(&mut self) {
+        self.open.clear();
+    }
+
     /// The node of `s`, if it occurred.
     fn find(&self, s: &[u32]) -> Option<usize> {
         s.iter()
@@ -122,14 +128,59 @@ impl SuffixTree {
     }
 }
 
+/// SuffixDecoding's global tree: the outputs of the requests that finished before, one
+/// document each, shared by the drafters of an engine's sequences (each adds its own output
+/// when its sequence finishes, or, failing that, when it is dropped).
+#[derive(Debug)]
+pub struct GlobalSuffixTree(Mutex<SuffixTree>);
+
+impl GlobalSuffixTree {
+    pub fn new(depth: usize) -> GlobalSuffixTree {
+        GlobalSuffixTree(Mutex::new(SuffixTree::new(depth)))
+    }
+
+    fn tree(&self) -> std::sync::MutexGuard<'_, SuffixTree> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds one request's output as a document.
+    pub fn add_output(&self, tokens: &[u32]) {
+        let mut tree = self.tree();
+        for &t in tokens {
+            tree.push(t);
+        }
+        tree.end_document();
+    }
+
+    /// Tokens indexed so far (every output added).
+    pub fn len(&self) -> usize {
+        self.tree().text().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The suffix drafter: candidates after each tree node from the suffix tree of the
-/// committed tokens, extended by the node's path in the draft tree; with a corpus, from
-/// whichever of the two matched the longer suffix (the sequence's at equal length).
+/// committed tokens, extended by the node's path in the draft tree; with a corpus or a
+/// global tree of earlier outputs, from whichever matched the longest suffix (at equal
+/// length: the sequence's, then the global tree's, then the corpus's).
 pub struct SuffixDrafter {
     pub depth: usize,
     pub vocab: usize,
     tree: SuffixTree,
     corpus: Option<Arc<CorpusIndex>>,
+    global: Option<Arc<GlobalSuffixTree>>,
+    /// Where the output starts: the first round's root (the token the prompt's pass chose).
+    output_from: Option<usize>,
+}
+
+impl Drop for SuffixDrafter {
+    /// The sequence ended: its output joins the global tree, if there is one.
+    fn drop(&mut self) {
+        self.output_to_global();
+    }
 }
 
 impl SuffixDrafter {
@@ -140,29 +191,55 @@ impl SuffixDrafter {
             vocab,
             tree: SuffixTree::new(depth.max(2)),
             corpus: None,
+            global: None,
+            output_from: None,
         }
+    }
+
+    /// Also drafts from `global`, the outputs of the sequences that ended before, and adds
+    /// its own when it is dropped.
+    pub fn with_global(depth: usize, vocab: usize, global: Arc<GlobalSuffixTree>) -> SuffixDrafter {
+        let mut d = SuffixDrafter::new(depth, vocab);
+        d.global = Some(global);
+        d
     }
 
     /// Also drafts from `corpus` (shared: one index serves every sequence of an engine);
     /// matches in it are as long as the drafter's own (`depth` − 1 tokens at most).
     pub fn with_corpus(depth: usize, vocab: usize, corpus: Arc<CorpusIndex>) -> SuffixDrafter {
-        SuffixDrafter {
-            corpus: Some(corpus),
-            ..SuffixDrafter::new(depth, vocab)
-        }
+        let mut d = SuffixDrafter::new(depth, vocab);
+        d.corpus = Some(corpus);
+        d
     }
 
-    /// The candidates after `context`: the sequence's tree, unless the corpus matched a
-    /// longer suffix.
+    /// The candidates after `context`: of the sequence's tree, the global tree and the
+    /// corpus, the one that matched the longest suffix (the first of them at a tie).
     fn candidates(&self, context: &[u32]) -> Vec<u32> {
         let own = self.tree.longest_match(context, Self::LIMIT);
-        let own_len = own.as_ref().map_or(0, |o| o.0);
-        let longer = self
+        let global = self
+            .global
+            .as_ref()
+            .and_then(|g| g.tree().longest_match(context, Self::LIMIT));
+        let corpus = self
             .corpus
             .as_ref()
-            .and_then(|c| c.continuations(context, Self::LIMIT))
-            .filter(|c| c.0 > own_len);
-        longer.or(own).map_or_else(Vec::new, |(_, next)| next)
+            .and_then(|c| c.continuations(context, Self::LIMIT));
+        [own, global, corpus]
+            .into_iter()
+            .flatten()
+            .fold(None::<(usize, Vec<u32>)>, |best, m| match best {
+                Some(b) if b.0 >= m.0 => Some(b),
+                _ => Some(m),
+            })
+            .map_or_else(Vec::new, |(_, next)| next)
+    }
+
+    /// Adds this sequence's output to the global tree (once).
+    fn output_to_global(&mut self) {
+        if let (Some(g), Some(from)) = (&self.global, self.output_from.take()) {
+            let text = self.tree.text();
+            g.add_output(&text[from.min(text.len())..]);
+        }
     }
 
     /// Candidates that keep a node's proposal list short (the driver takes as many as its
@@ -172,10 +249,14 @@ impl SuffixDrafter {
 
 impl Drafter for SuffixDrafter {
     fn name(&self) -> String {
-        match &self.corpus {
-            None => format!("suffix:{}", self.depth),
-            Some(c) => format!("suffix:{}+corpus({} tokens)", self.depth, c.len()),
+        let mut name = format!("suffix:{}", self.depth);
+        if let Some(c) = &self.corpus {
+            name += &format!("+corpus({} tokens)", c.len());
         }
+        if self.global.is_some() {
+            name += "+global";
+        }
+        name
     }
     fn vocab(&self) -> usize {
         self.vocab
@@ -183,8 +264,12 @@ impl Drafter for SuffixDrafter {
     fn begin(&mut self, committed: &[u32]) -> Result<()> {
         // The same sequence grows between rounds; any other starts a new tree.
         if !committed.starts_with(self.tree.text()) {
+            self.output_to_global();
             self.tree = SuffixTree::new(self.depth);
+            self.output_from = None;
         }
+        self.output_from
+            .get_or_insert(committed.len().saturating_sub(1));
         for &t in &committed[self.tree.text().len()..] {
             self.tree.push(t);
         }
@@ -210,6 +295,11 @@ impl Drafter for SuffixDrafter {
             .collect())
     }
     fn accept(&mut self, _tree: &DraftTree, _accepted: &[usize]) -> Result<()> {
+        Ok(())
+    }
+    fn finish(&mut self, committed: &[u32]) -> Result<()> {
+        self.begin(committed)?;
+        self.output_to_global();
         Ok(())
     }
 }
@@ -292,6 +382,43 @@ mod tests {
         d.begin(&[7, 8, 7]).unwrap();
         let got = d.expand(&tree, &[7], &[0]).unwrap();
         assert_eq!(got, vec![DraftDist::Candidates(vec![8])]);
+    }
+
+    #[test]
+    fn a_global_tree_drafts_from_earlier_outputs_and_not_across_them() {
+        let tree = DraftTree::root();
+        let global = Arc::new(GlobalSuffixTree::new(8));
+        // Sequence 1: prompt 1 2, output 3 4 5 (the first round's root is 3); it finishes
+        // with 5, which no round saw, and the output goes in once, not again when dropped.
+        {
+            let mut d = SuffixDrafter::with_global(8, 16, global.clone());
+            assert_eq!(d.name(), "suffix:8+global");
+            d.begin(&[1, 2, 3]).unwrap();
+            d.begin(&[1, 2, 3, 4]).unwrap();
+            d.finish(&[1, 2, 3, 4, 5]).unwrap();
+            assert_eq!(global.len(), 3);
+        }
+        assert_eq!(global.len(), 3);
+        // Sequence 2: after its own "9 3" it drafts 4 from sequence 1's output ("3" → 4),
+        // which its own text does not have; the prompt 1 2 of sequence 1 is not indexed.
+        let mut d = SuffixDrafter::with_global(8, 16, global.clone());
+        d.begin(&[9, 3]).unwrap();
+        let got = d.expand(&tree, &[3], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![4])]);
+        // A new sequence: the old one's output (its root 3) goes in first.
+        d.begin(&[7, 2]).unwrap();
+        assert_eq!(global.len(), 4);
+        let got = d.expand(&tree, &[2], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![])]);
+        drop(d);
+        // Sequence 3's output 6 7 after sequence 1's 3 4 5: "5 6" spans two documents and
+        // was never a suffix, so after 5 nothing is drafted.
+        global.add_output(&[6, 7]);
+        let mut d = SuffixDrafter::new(8, 16);
+        d.global = Some(global.clone());
+        d.begin(&[8, 5]).unwrap();
+        let got = d.expand(&tree, &[5], &[0]).unwrap();
+        assert_eq!(got, vec![DraftDist::Candidates(vec![])]);
     }
 
     #[test]
