@@ -25,6 +25,19 @@ fn script(path: &Path, body: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// A scratch folder with the stand-ins' `build-<build>/bin`, or None (and a SKIPPED line)
+/// without python3, which the peer script needs.
+fn builds(name: &str, build: &str) -> Option<(TempDir, std::path::PathBuf)> {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");
+        return None;
+    }
+    let t = TempDir::new("llamacpp_peer", name);
+    let bin = t.join(&format!("build-{build}/bin"));
+    std::fs::create_dir_all(&bin).unwrap();
+    Some((t, bin))
+}
+
 /// Sends `requests` to a fresh peer over `dir`'s builds and returns its replies.
 fn talk(dir: &Path, requests: &[Value]) -> Vec<Value> {
     let mut child = Command::new("python3")
@@ -51,13 +64,9 @@ fn talk(dir: &Path, requests: &[Value]) -> Vec<Value> {
 
 #[test]
 fn batched_points_go_through_llama_batched_bench() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");
+    let Some((t, bin)) = builds("batched", "native") else {
         return;
-    }
-    let t = TempDir::new("llamacpp_peer", "batched");
-    let bin = t.join("build-native/bin");
-    std::fs::create_dir_all(&bin).unwrap();
+    };
     let args_log = t.join("batched.args");
     // 8 ms for the 8 generated tokens of llama-bench; 0.2 s for 8 steps of 4 sequences.
     script(
@@ -117,13 +126,9 @@ echo '{{"pp": 16, "tg": 8, "pl": 4, "n_kv": 96, "t_pp": 0.1, "speed_pp": 640.0, 
 
 #[test]
 fn a_verify_point_is_a_k_token_prompt_at_the_contexts_depth() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");
+    let Some((t, bin)) = builds("verify", "native") else {
         return;
-    }
-    let t = TempDir::new("llamacpp_peer", "verify");
-    let bin = t.join("build-native/bin");
-    std::fs::create_dir_all(&bin).unwrap();
+    };
     let args_log = t.join("bench.args");
     // 6 ms for the whole 8-token step.
     script(
@@ -156,13 +161,9 @@ echo '[{{"samples_ns": [6000000], "avg_ts": 1333.3}}]'"#,
 
 #[test]
 fn the_check_runs_llama_simple_on_the_prompt() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: python3 is not on PATH (the peer is a Python script)");
+    let Some((t, bin)) = builds("simple", "avx2") else {
         return;
-    }
-    let t = TempDir::new("llamacpp_peer", "simple");
-    let bin = t.join("build-avx2/bin");
-    std::fs::create_dir_all(&bin).unwrap();
+    };
     script(&bin.join("llama-bench"), "exit 0");
     let args_log = t.join("simple.args");
     script(

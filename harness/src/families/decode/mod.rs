@@ -354,18 +354,11 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                         continue;
                     }
                     let point = PeerPoint::decode(b, context, steps);
-                    // With a peer at the point, rounds alternate: ours, each peer, again.
-                    let rounds = if peers.live_at(&slots, &point) { 3 } else { 1 };
-                    let (mut samples, mut err) = (vec![], None);
-                    for round in 0..rounds {
-                        let (t, e) = decode_times(m, b, context, steps)?;
-                        samples.extend(t.samples);
-                        if round == 0 {
-                            err = e;
-                        }
-                        peers.time_round(&mut slots, path, &point);
-                    }
-                    let row = ctx.row("model", mname, &phase, &Timing { samples }, err);
+                    // With a peer at the point, 3 rounds alternate: ours, each peer, again.
+                    let (t, err) = peers.alternate(&mut slots, path, &point, 3, || {
+                        decode_times(m, b, context, steps)
+                    })?;
+                    let row = ctx.row("model", mname, &phase, &t, err);
                     failures += usize::from(row.head.status == "fail");
                     rows.push(row);
                     bar.inc(1);
@@ -423,17 +416,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                     let point = PeerPoint::verify(k, context);
                     // With a peer at the point, 5 rounds alternate ours (16 steps each) and
                     // one call of each peer; the check is the first round's.
-                    let rounds = if peers.live_at(&slots, &point) { 5 } else { 1 };
-                    let (mut samples, mut check) = (vec![], None);
-                    for round in 0..rounds {
-                        let (t, c) = verify_times(m, context, k, steps)?;
-                        samples.extend(t.samples);
-                        if round == 0 {
-                            check = c;
-                        }
-                        peers.time_round(&mut slots, path, &point);
-                    }
-                    let t = Timing { samples };
+                    let (t, check) = peers.alternate(&mut slots, path, &point, 5, || {
+                        verify_times(m, context, k, steps)
+                    })?;
                     let med = t.median();
                     if k == 1 {
                         one_step = Some(med);

@@ -183,6 +183,34 @@ impl DecodePeers {
             .any(|s| s.point == *point && s.failed.is_none())
     }
 
+    /// Our runs at `point` (`ours`: its samples and a check), each followed by one timed call
+    /// of every live peer there: `live_rounds` rounds when a peer is live, else one. Our
+    /// samples of every round, and the first round's check.
+    pub fn alternate<C>(
+        &mut self,
+        slots: &mut [Slot],
+        model: &str,
+        point: &PeerPoint,
+        live_rounds: usize,
+        mut ours: impl FnMut() -> Result<(Timing, Option<C>)>,
+    ) -> Result<(Timing, Option<C>)> {
+        let rounds = if self.live_at(slots, point) {
+            live_rounds
+        } else {
+            1
+        };
+        let (mut samples, mut check) = (vec![], None);
+        for round in 0..rounds {
+            let (t, c) = ours()?;
+            samples.extend(t.samples);
+            if round == 0 {
+                check = c;
+            }
+            self.time_round(slots, model, point);
+        }
+        Ok((Timing { samples }, check))
+    }
+
     /// One timed call of every live peer at `point` (loaded afresh: a peer holds one point).
     pub fn time_round(&mut self, slots: &mut [Slot], model: &str, point: &PeerPoint) {
         for s in slots.iter_mut() {
