@@ -143,10 +143,16 @@ impl GlobalSuffixTree {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds one request's output as a document.
+    /// Outputs are added until the tree holds this many tokens: a token adds up to `depth`
+    /// nodes (~80 bytes each), so the cap bounds the tree at ~0.5 GB at depth 24 (an
+    /// experiment's few thousand output tokens are far below it).
+    pub const MAX_TOKENS: usize = 1 << 18;
+
+    /// Adds one request's output as a document (nothing once `MAX_TOKENS` are held).
     pub fn add_output(&self, tokens: &[u32]) {
         let mut tree = self.tree();
-        for &t in tokens {
+        let room = Self::MAX_TOKENS.saturating_sub(tree.text().len());
+        for &t in &tokens[..tokens.len().min(room)] {
             tree.push(t);
         }
         tree.end_document();
@@ -419,6 +425,18 @@ mod tests {
         d.begin(&[8, 5]).unwrap();
         let got = d.expand(&tree, &[5], &[0]).unwrap();
         assert_eq!(got, vec![DraftDist::Candidates(vec![])]);
+    }
+
+    #[test]
+    fn the_global_tree_stops_growing_at_its_cap() {
+        let global = GlobalSuffixTree::new(2);
+        let long: Vec<u32> = (0..GlobalSuffixTree::MAX_TOKENS as u32 + 10)
+            .map(|i| i % 7)
+            .collect();
+        global.add_output(&long);
+        assert_eq!(global.len(), GlobalSuffixTree::MAX_TOKENS);
+        global.add_output(&[1, 2, 3]);
+        assert_eq!(global.len(), GlobalSuffixTree::MAX_TOKENS);
     }
 
     #[test]
