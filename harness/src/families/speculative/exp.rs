@@ -549,23 +549,46 @@ pub fn tables(rows: &[SpecRow]) -> String {
             r.head.status
         );
     }
-    let best = rows
-        .iter()
-        .filter(|r| r.head.status == "ok")
-        .max_by(|a, b| a.speedup.total_cmp(&b.speedup));
-    if let Some(b) = best {
+    md.push_str(&best_per_prompt(rows));
+    md.push('\n');
+    md
+}
+
+/// The fastest speculative row of each prompt kind (the question a run answers: how much
+/// does speculation pay on prose, on code, ...), in the order the prompts first appear.
+fn best_per_prompt(rows: &[SpecRow]) -> String {
+    let ok: Vec<&SpecRow> = rows.iter().filter(|r| r.head.status == "ok").collect();
+    let mut prompts: Vec<&str> = vec![];
+    for r in &ok {
+        if !prompts.contains(&r.prompt.as_str()) {
+            prompts.push(&r.prompt);
+        }
+    }
+    if prompts.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n**Best per prompt.**\n\n| prompt | drafter | tree | adaptive | T | speed-up | acceptance | tokens/pass |\n|---|---|---|---|---|---|---|---|\n");
+    for p in prompts {
+        let best = ok
+            .iter()
+            .filter(|r| r.prompt == p)
+            .max_by(|a, b| a.speedup.total_cmp(&b.speedup))
+            .expect("a row of this prompt");
         let _ = writeln!(
             md,
-            "\nBest: {} drafting {} at T={} on {} — {:.2}× plain decoding ({:.0}% acceptance, {:.2} tokens per pass).",
-            b.drafter,
-            b.tree,
-            b.temperature,
-            b.prompt,
-            b.speedup,
-            100.0 * b.acceptance_rate,
-            b.tokens_per_pass
+            "| {p} | {} | {} | {} | {} | {:.2}× | {:.0}% | {:.2} |",
+            best.drafter,
+            best.tree,
+            match (best.adaptive, best.policy.as_str()) {
+                (false, _) => "off",
+                (true, "") => "on",
+                (true, policy) => policy,
+            },
+            best.temperature,
+            best.speedup,
+            100.0 * best.acceptance_rate,
+            best.tokens_per_pass
         );
     }
-    md.push('\n');
     md
 }
