@@ -9,7 +9,7 @@ use crate::texts::Text;
 use kernel_quant::WeightFormat;
 use models::speculative::corpus::CorpusIndex;
 use models::speculative::draft::{Drafter, ModelDrafter, NgramDrafter};
-use models::speculative::suffix::SuffixDrafter;
+use models::speculative::suffix::{SpecLimits, SuffixDrafter};
 use models::{load, LoadOptions, SamplerConfig};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -36,12 +36,15 @@ pub fn resolve_model(name: &str) -> Result<String> {
 /// to 23 are matched.
 pub const SUFFIX_DEPTH: usize = 24;
 
-/// A `suffix[:D][:corpus=TEXT]` drafter spec: the depth D (at least 2, default
-/// `SUFFIX_DEPTH`) and the text (a `texts` name or a file) whose tokens it also drafts from.
+/// A `suffix[:D][:corpus=TEXT][:factor=F][:min_prob=P]` drafter spec: the depth D (at least
+/// 2, default `SUFFIX_DEPTH`), the text (a `texts` name or a file) whose tokens it also
+/// drafts from, and SuffixDecoding's adaptive speculation limits (off by default; vLLM's
+/// defaults are factor=1 and min_prob=0.1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuffixSpec {
     pub depth: usize,
     pub corpus: Option<String>,
+    pub limits: SpecLimits,
 }
 
 /// Parses a suffix drafter spec; `None` when `spec` names another drafter.
@@ -51,15 +54,27 @@ pub fn suffix_spec(spec: &str) -> Option<Result<SuffixSpec>> {
     }
     let bad = |why: String| {
         HarnessError::Usage(format!(
-            "--spec-draft {spec}: {why} (want suffix[:D][:corpus=TEXT])"
+            "--spec-draft {spec}: {why} (want suffix[:D][:corpus=TEXT][:factor=F][:min_prob=P])"
         ))
     };
     let mut out = SuffixSpec {
         depth: SUFFIX_DEPTH,
         corpus: None,
+        limits: SpecLimits::default(),
     };
+    let number = |v: &str, max: f64| v.parse::<f64>().ok().filter(|x| (0.0..=max).contains(x));
     for (i, part) in spec.split(':').skip(1).enumerate() {
-        if let Some(text) = part.strip_prefix("corpus=") {
+        if let Some(v) = part.strip_prefix("factor=") {
+            match number(v, 1e6) {
+                Some(f) => out.limits.factor = f,
+                None => return Some(Err(bad(format!("factor={v} is not a number ≥ 0")))),
+            }
+        } else if let Some(v) = part.strip_prefix("min_prob=") {
+            match number(v, 1.0) {
+                Some(p) => out.limits.min_prob = p,
+                None => return Some(Err(bad(format!("min_prob={v} is not in [0, 1]")))),
+            }
+        } else if let Some(text) = part.strip_prefix("corpus=") {
             if text.is_empty() || out.corpus.is_some() {
                 return Some(Err(bad("one non-empty corpus=TEXT".into())));
             }
@@ -138,14 +153,15 @@ pub fn drafter(
     if let Some(s) = suffix_spec(spec) {
         let s = s?;
         let vocab = target.cfg.vocab;
-        return Ok(Box::new(match &s.corpus {
+        let d = match &s.corpus {
             None => SuffixDrafter::new(s.depth, vocab),
             Some(text) => SuffixDrafter::with_corpus(
                 s.depth,
                 vocab,
                 corpus_index(text, model, tokenizer, s.depth)?,
             ),
-        }));
+        };
+        return Ok(Box::new(d.with_limits(s.limits)));
     }
     let mut opts = opts;
     let mut keep = None;

@@ -382,6 +382,16 @@ fn speculative_generation_from_the_cli() {
             &["--spec-draft", "self:q8_0", "--spec-tree", "chain:3"][..],
             3,
         ),
+        // SuffixDecoding with vLLM's adaptive limits.
+        (
+            &[
+                "--spec-draft",
+                "suffix:8:factor=1:min_prob=0.1",
+                "--spec-tree",
+                "chain:3",
+            ][..],
+            3,
+        ),
     ] {
         let v = json_ok(&run(extra));
         assert_eq!(v["generated_ids"], plain["generated_ids"], "{extra:?}");
@@ -439,6 +449,14 @@ fn speculative_generation_from_the_cli() {
         "unknown option 'k=3'",
     );
     one_line_exit_2(&run(&["--spec-draft", "suffix:1"]), "at least 2");
+    one_line_exit_2(
+        &run(&["--spec-draft", "suffix:8:min_prob=2"]),
+        "min_prob=2 is not in [0, 1]",
+    );
+    one_line_exit_2(
+        &run(&["--spec-draft", "suffix:factor=-1"]),
+        "factor=-1 is not a number",
+    );
 }
 
 #[test]

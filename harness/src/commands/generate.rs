@@ -86,10 +86,12 @@ pub struct GenerateArgs {
     /// Speculative decoding with this drafter: a preset or checkpoint (same vocabulary),
     /// self:FORMAT (the target's own weights converted, e.g. self:q4_0), self-layers:N (the
     /// target's first N layers, layer skipping), ngram[:N] (prompt lookup of the last N
-    /// tokens, default 3) or suffix[:D][:corpus=TEXT] (SuffixDecoding: the longest earlier
-    /// match of the context's suffix, up to D − 1 tokens, default 24, continuations ranked by
-    /// frequency; with a corpus — gpl3, licenses, rust, seeds, python or a file, tokenised —
-    /// also its matches, REST-style, the longer match drafting).
+    /// tokens, default 3) or suffix[:D][:corpus=TEXT][:factor=F][:min_prob=P] (SuffixDecoding:
+    /// the longest earlier match of the context's suffix, up to D − 1 tokens, default 24,
+    /// continuations ranked by frequency; with a corpus — gpl3, licenses, rust, seeds, python
+    /// or a file, tokenised — also its matches, REST-style, the longer match drafting; factor
+    /// and min_prob: the paper's adaptive length, at most F × the match length tokens a path
+    /// and only tokens of path probability ≥ P, vLLM's defaults 1 and 0.1, off unless given).
     #[arg(long)]
     pub spec_draft: Option<String>,
     /// Draft tree: chain:K, static:B1,B2,... (branching per depth) or dynamic:N (N nodes

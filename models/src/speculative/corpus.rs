@@ -8,6 +8,7 @@
 //! the index besides the tokens themselves, where a depth-limited tree holds a node (~80
 //! bytes) for each new string; a megabyte of source is ~300k tokens.
 
+use crate::speculative::suffix::Followers;
 use rayon::prelude::*;
 
 /// A token corpus and its suffixes sorted by their first `depth` tokens (ties by position).
@@ -57,6 +58,12 @@ impl CorpusIndex {
     /// so each distinct follower is one run found by a binary search: a lookup costs
     /// O(depth · log n + distinct followers · log n), never a scan of the occurrences.
     pub fn continuations(&self, context: &[u32], limit: usize) -> Option<(usize, Vec<u32>)> {
+        self.continuations_counted(context, limit)
+            .map(|f| (f.len, f.next.into_iter().map(|(t, _)| t).collect()))
+    }
+
+    /// As [`CorpusIndex::continuations`], with each follower's count and the count of all.
+    pub fn continuations_counted(&self, context: &[u32], limit: usize) -> Option<Followers> {
         let longest = context.len().min(self.depth - 1);
         for m in (1..=longest).rev() {
             let key = &context[context.len() - m..];
@@ -79,7 +86,16 @@ impl CorpusIndex {
                 at += len;
             }
             runs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            return Some((m, runs.into_iter().take(limit).map(|r| r.0).collect()));
+            let total = runs.iter().map(|r| r.1 as u32).sum();
+            return Some(Followers {
+                len: m,
+                next: runs
+                    .into_iter()
+                    .take(limit)
+                    .map(|(t, n)| (t, n as u32))
+                    .collect(),
+                total,
+            });
         }
         None
     }
@@ -92,7 +108,7 @@ mod tests {
 
     /// By brute force: the followers of the longest suffix of `ctx` (≤ depth − 1) that
     /// occurs with a follower in `text`, ranked as the index ranks them.
-    fn brute(text: &[u32], ctx: &[u32], depth: usize) -> Option<(usize, Vec<u32>)> {
+    fn brute(text: &[u32], ctx: &[u32], depth: usize) -> Option<Followers> {
         for m in (1..=ctx.len().min(depth - 1)).rev() {
             let key = &ctx[ctx.len() - m..];
             let mut seen: HashMap<u32, usize> = HashMap::new();
@@ -104,7 +120,11 @@ mod tests {
             if !seen.is_empty() {
                 let mut v: Vec<(u32, usize)> = seen.into_iter().collect();
                 v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-                return Some((m, v.into_iter().map(|(t, _)| t).collect()));
+                return Some(Followers {
+                    len: m,
+                    total: v.iter().map(|f| f.1 as u32).sum(),
+                    next: v.into_iter().map(|(t, n)| (t, n as u32)).collect(),
+                });
             }
         }
         None
@@ -129,13 +149,17 @@ mod tests {
                     let n = draw(12) as usize;
                     let ctx: Vec<u32> = (0..n).map(|_| draw(alphabet + 1)).collect();
                     for limit in [1, 2, usize::MAX] {
-                        let want = brute(&text, &ctx, depth)
-                            .map(|(m, v)| (m, v.into_iter().take(limit).collect::<Vec<_>>()));
+                        let want = brute(&text, &ctx, depth).map(|mut f| {
+                            f.next.truncate(limit);
+                            f
+                        });
                         assert_eq!(
-                            index.continuations(&ctx, limit),
+                            index.continuations_counted(&ctx, limit),
                             want,
                             "len {len}, depth {depth}, ctx {ctx:?}"
                         );
+                        let tokens = want.map(|f| (f.len, f.next.iter().map(|n| n.0).collect()));
+                        assert_eq!(index.continuations(&ctx, limit), tokens);
                     }
                 }
             }

@@ -16,6 +16,15 @@ use kernel_speculative::DraftTree;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// What followed the longest matching suffix of a context: its length, the followers best
+/// first with their counts, and the count of every follower (ranked or not).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Followers {
+    pub len: usize,
+    pub next: Vec<(u32, u32)>,
+    pub total: u32,
+}
+
 /// One node: the string spelled by the path from the root.
 #[derive(Debug, Clone, Default)]
 struct Node {
@@ -108,6 +117,13 @@ impl SuffixTree {
     /// As [`SuffixTree::continuations`], with the length of the suffix that matched; None
     /// when no suffix did.
     pub fn longest_match(&self, context: &[u32], limit: usize) -> Option<(usize, Vec<u32>)> {
+        self.longest_match_counted(context, limit)
+            .map(|m| (m.len, m.next.into_iter().map(|(t, _)| t).collect()))
+    }
+
+    /// As [`SuffixTree::longest_match`], with how often each follower followed the suffix
+    /// and how often any did.
+    pub fn longest_match_counted(&self, context: &[u32], limit: usize) -> Option<Followers> {
         let longest = context.len().min(self.depth - 1);
         for m in (1..=longest).rev() {
             let Some(node) = self.find(&context[context.len() - m..]) else {
@@ -122,7 +138,16 @@ impl SuffixTree {
                 continue;
             }
             next.sort_by(|a, b| b.count.cmp(&a.count).then(b.last.cmp(&a.last)));
-            return Some((m, next.into_iter().take(limit).map(|c| c.token).collect()));
+            let total = next.iter().map(|c| c.count).sum();
+            return Some(Followers {
+                len: m,
+                next: next
+                    .into_iter()
+                    .take(limit)
+                    .map(|c| (c.token, c.count))
+                    .collect(),
+                total,
+            });
         }
         None
     }
@@ -180,6 +205,23 @@ pub struct SuffixDrafter {
     global: Option<Arc<GlobalSuffixTree>>,
     /// Where the output starts: the first round's root (the token the prompt's pass chose).
     output_from: Option<usize>,
+    limits: SpecLimits,
+    /// This round's root match length, and the path probability of each drafted child
+    /// (parent node, token).
+    root_len: usize,
+    path_prob: HashMap<(usize, u32), f64>,
+}
+
+/// SuffixDecoding's adaptive speculation (vLLM's `suffix_decoding_max_spec_factor` and
+/// `suffix_decoding_min_token_prob`, there 1.0 and 0.1): a path is at most `factor` × the
+/// length of the suffix the round's root matched, and a token is drafted only if its path
+/// probability — the follower frequencies (count / all followers' counts) multiplied along
+/// the path — is at least `min_prob`. Zero turns either off (the default: every candidate,
+/// as deep as the tree shape asks).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SpecLimits {
+    pub factor: f64,
+    pub min_prob: f64,
 }
 
 impl Drop for SuffixDrafter {
@@ -199,6 +241,9 @@ impl SuffixDrafter {
             corpus: None,
             global: None,
             output_from: None,
+            limits: SpecLimits::default(),
+            root_len: 0,
+            path_prob: HashMap::new(),
         }
     }
 
@@ -218,26 +263,31 @@ impl SuffixDrafter {
         d
     }
 
-    /// The candidates after `context`: of the sequence's tree, the global tree and the
-    /// corpus, the one that matched the longest suffix (the first of them at a tie).
-    fn candidates(&self, context: &[u32]) -> Vec<u32> {
-        let own = self.tree.longest_match(context, Self::LIMIT);
+    /// What followed `context`: of the sequence's tree, the global tree and the corpus, the
+    /// one that matched the longest suffix (the first of them at a tie).
+    fn best_match(&self, context: &[u32]) -> Option<Followers> {
+        let own = self.tree.longest_match_counted(context, Self::LIMIT);
         let global = self
             .global
             .as_ref()
-            .and_then(|g| g.tree().longest_match(context, Self::LIMIT));
+            .and_then(|g| g.tree().longest_match_counted(context, Self::LIMIT));
         let corpus = self
             .corpus
             .as_ref()
-            .and_then(|c| c.continuations(context, Self::LIMIT));
+            .and_then(|c| c.continuations_counted(context, Self::LIMIT));
         [own, global, corpus]
             .into_iter()
             .flatten()
-            .fold(None::<(usize, Vec<u32>)>, |best, m| match best {
-                Some(b) if b.0 >= m.0 => Some(b),
+            .fold(None::<Followers>, |best, m| match best {
+                Some(b) if b.len >= m.len => Some(b),
                 _ => Some(m),
             })
-            .map_or_else(Vec::new, |(_, next)| next)
+    }
+
+    /// With SuffixDecoding's adaptive speculation limits.
+    pub fn with_limits(mut self, limits: SpecLimits) -> SuffixDrafter {
+        self.limits = limits;
+        self
     }
 
     /// Adds this sequence's output to the global tree (once).
@@ -256,6 +306,12 @@ impl SuffixDrafter {
 impl Drafter for SuffixDrafter {
     fn name(&self) -> String {
         let mut name = format!("suffix:{}", self.depth);
+        if self.limits.factor > 0.0 {
+            name += &format!(":factor={}", self.limits.factor);
+        }
+        if self.limits.min_prob > 0.0 {
+            name += &format!(":min_prob={}", self.limits.min_prob);
+        }
         if let Some(c) = &self.corpus {
             name += &format!("+corpus({} tokens)", c.len());
         }
@@ -276,6 +332,8 @@ impl Drafter for SuffixDrafter {
         }
         self.output_from
             .get_or_insert(committed.len().saturating_sub(1));
+        self.path_prob.clear();
+        self.root_len = 0;
         for &t in &committed[self.tree.text().len()..] {
             self.tree.push(t);
         }
@@ -287,18 +345,45 @@ impl Drafter for SuffixDrafter {
         tokens: &[u32],
         nodes: &[usize],
     ) -> Result<Vec<DraftDist>> {
-        let text = self.tree.text();
-        Ok(nodes
-            .iter()
-            .map(|&n| {
-                // The context's last depth − 1 tokens: the committed tail, then the path.
-                let path = drafted_path(tree, tokens, n);
-                let keep = (self.depth - 1).saturating_sub(path.len()).min(text.len());
-                let mut ctx = text[text.len() - keep..].to_vec();
-                ctx.extend(&path);
-                DraftDist::Candidates(self.candidates(&ctx))
-            })
-            .collect())
+        let mut out = Vec::with_capacity(nodes.len());
+        for &n in nodes {
+            // The context's last depth − 1 tokens: the committed tail, then the path.
+            let path = drafted_path(tree, tokens, n);
+            let text = self.tree.text();
+            let keep = (self.depth - 1).saturating_sub(path.len()).min(text.len());
+            let mut ctx = text[text.len() - keep..].to_vec();
+            ctx.extend(&path);
+            let found = self.best_match(&ctx);
+            if path.is_empty() {
+                self.root_len = found.as_ref().map_or(0, |f| f.len);
+            }
+            let Some(found) = found else {
+                out.push(DraftDist::Candidates(vec![]));
+                continue;
+            };
+            // SuffixDecoding's adaptive speculation: no deeper than factor × the root's match,
+            // and only tokens whose path probability (follower frequencies multiplied along
+            // it) reaches min_prob.
+            let lim = self.limits;
+            if lim.factor > 0.0 && path.len() as f64 >= lim.factor * self.root_len as f64 {
+                out.push(DraftDist::Candidates(vec![]));
+                continue;
+            }
+            let p_node = tree
+                .parent(n)
+                .and_then(|p| self.path_prob.get(&(p, tokens[n])).copied())
+                .unwrap_or(1.0);
+            let mut next = vec![];
+            for (t, count) in found.next {
+                let p = p_node * count as f64 / found.total.max(1) as f64;
+                if p >= lim.min_prob {
+                    self.path_prob.insert((n, t), p);
+                    next.push(t);
+                }
+            }
+            out.push(DraftDist::Candidates(next));
+        }
+        Ok(out)
     }
     fn accept(&mut self, _tree: &DraftTree, _accepted: &[usize]) -> Result<()> {
         Ok(())
@@ -315,8 +400,9 @@ mod tests {
     use super::*;
 
     /// Counts by brute force: the tokens after each occurrence of the longest suffix of
-    /// `ctx` (≤ depth − 1) that occurred with a follower in `text`, ranked as the tree ranks.
-    fn brute(text: &[u32], ctx: &[u32], depth: usize) -> Vec<u32> {
+    /// `ctx` (≤ depth − 1) that occurred with a follower in `text`, ranked as the tree ranks,
+    /// with their counts.
+    fn brute(text: &[u32], ctx: &[u32], depth: usize) -> Option<Followers> {
         for m in (1..=ctx.len().min(depth - 1)).rev() {
             let key = &ctx[ctx.len() - m..];
             let mut seen: HashMap<u32, (u32, usize)> = HashMap::new();
@@ -330,10 +416,14 @@ mod tests {
             if !seen.is_empty() {
                 let mut v: Vec<(u32, (u32, usize))> = seen.into_iter().collect();
                 v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(b.1 .1.cmp(&a.1 .1)));
-                return v.into_iter().map(|(t, _)| t).collect();
+                return Some(Followers {
+                    len: m,
+                    total: v.iter().map(|f| f.1 .0).sum(),
+                    next: v.into_iter().map(|(t, (n, _))| (t, n)).collect(),
+                });
             }
         }
-        vec![]
+        None
     }
 
     #[test]
@@ -356,9 +446,15 @@ mod tests {
                     let done = &text[..=i];
                     for cut in [0, 1, 3] {
                         let ctx = &done[..done.len().saturating_sub(cut)];
+                        let want = brute(done, ctx, depth);
                         assert_eq!(
                             tree.continuations(ctx, usize::MAX),
-                            brute(done, ctx, depth),
+                            want.as_ref()
+                                .map_or(vec![], |f| f.next.iter().map(|n| n.0).collect())
+                        );
+                        assert_eq!(
+                            tree.longest_match_counted(ctx, usize::MAX),
+                            want,
                             "depth {depth}, {} tokens, ctx {}",
                             done.len(),
                             ctx.len()
@@ -425,6 +521,52 @@ mod tests {
         d.begin(&[8, 5]).unwrap();
         let got = d.expand(&tree, &[5], &[0]).unwrap();
         assert_eq!(got, vec![DraftDist::Candidates(vec![])]);
+    }
+
+    #[test]
+    fn adaptive_limits_cut_paths_by_match_length_and_path_probability() {
+        // After "7" came 1 three times, 2 and 3 once each (3 the later: ranked first of the
+        // two; the root matches "7": length 1;
+        // "8 7" occurs only at the end); after "7 1" came 7 each time.
+        let text = [7, 1, 7, 1, 7, 2, 7, 1, 7, 3, 8, 7];
+        let mut tree = DraftTree::root();
+        let child = tree.push(0);
+        let tokens = [7, 1];
+        let run = |limits: SpecLimits| {
+            let mut d = SuffixDrafter::new(8, 16).with_limits(limits);
+            d.begin(&text).unwrap();
+            let root = d.expand(&tree, &tokens, &[0]).unwrap();
+            let below = d.expand(&tree, &tokens, &[child]).unwrap();
+            (root, below)
+        };
+        let c = |v: Vec<u32>| vec![DraftDist::Candidates(v)];
+        // Off: every follower, any depth.
+        assert_eq!(run(SpecLimits::default()), (c(vec![1, 3, 2]), c(vec![7])));
+        // min_prob 0.25 drops 2 and 3 (0.2 each); 1 (0.6) then 7 (0.6 · 1) stay.
+        let p = SpecLimits {
+            factor: 0.0,
+            min_prob: 0.25,
+        };
+        assert_eq!(run(p), (c(vec![1]), c(vec![7])));
+        // 0.7 drops everything at the root; below it (its parent's token never drafted, so
+        // its path probability is not known) the conditional alone counts.
+        let p = SpecLimits {
+            factor: 0.0,
+            min_prob: 0.7,
+        };
+        assert_eq!(run(p), (c(vec![]), c(vec![7])));
+        // factor 1 × a 1-token match: one token a path; factor 2: two.
+        let f = |factor| SpecLimits {
+            factor,
+            min_prob: 0.0,
+        };
+        assert_eq!(run(f(1.0)), (c(vec![1, 3, 2]), c(vec![])));
+        assert_eq!(run(f(2.0)), (c(vec![1, 3, 2]), c(vec![7])));
+        let named = SuffixDrafter::new(8, 16).with_limits(SpecLimits {
+            factor: 1.0,
+            min_prob: 0.1,
+        });
+        assert_eq!(named.name(), "suffix:8:factor=1:min_prob=0.1");
     }
 
     #[test]
