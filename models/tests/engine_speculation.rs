@@ -98,6 +98,11 @@ fn greedy_speculation_in_the_batch_equals_plain_greedy() {
         (cfg(continuous, 24, 4, false), "ngram:k=4"),
         // SuffixDecoding's global tree: earlier requests' outputs draft later ones.
         (cfg(continuous, 24, 4, false), "suffix:8:k=4:global"),
+        // With the paper's adaptive length (vLLM's defaults).
+        (
+            cfg(continuous, 128, 16, false),
+            "suffix:8:k=8:global:factor=1:min_prob=0.1",
+        ),
     ] {
         let e = common::serve(&m, c, Some(spec(drafter, m.cfg.vocab)), &reqs);
         let got: BTreeMap<u64, Vec<u32>> = e

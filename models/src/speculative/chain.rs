@@ -5,35 +5,41 @@
 use crate::model::llama::{argmax, Result};
 use crate::serve::speculate::{ChainDrafter, EngineSpeculation};
 use crate::speculative::draft::{DraftDist, Drafter, NgramDrafter};
-use crate::speculative::suffix::{GlobalSuffixTree, SuffixDrafter};
+use crate::speculative::suffix::{GlobalSuffixTree, SpecLimits, SuffixDrafter};
 use kernel_common::KernelError;
 use kernel_speculative::DraftTree;
 use std::sync::Arc;
 
 /// Which model-free drafter each sequence gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EngineDrafter {
     /// Prompt lookup: the continuation of the longest earlier match of the last 1..=n tokens.
     Ngram { max_n: usize },
     /// The suffix tree of the sequence so far, `depth` tokens deep; with `global`, also
-    /// SuffixDecoding's global tree of the outputs of the requests that finished before.
-    Suffix { depth: usize, global: bool },
+    /// SuffixDecoding's global tree of the outputs of the requests that finished before;
+    /// `limits`, the paper's adaptive speculation length.
+    Suffix {
+        depth: usize,
+        global: bool,
+        limits: SpecLimits,
+    },
 }
 
 /// Speculation in the engine: the drafter and the longest chain one step drafts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineSpec {
     pub drafter: EngineDrafter,
     pub max_draft: usize,
 }
 
 impl EngineSpec {
-    /// Parses `ngram[:N][:k=K]` or `suffix[:D][:k=K][:global]` (defaults: N 3, D 24, K 4;
-    /// colons, not commas, so a spec is one value of a `--set` list).
+    /// Parses `ngram[:N][:k=K]` or `suffix[:D][:k=K][:global][:factor=F][:min_prob=P]`
+    /// (defaults: N 3, D 24, K 4, no limits; colons, not commas, so a spec is one value of a
+    /// `--set` list).
     pub fn parse(text: &str) -> Result<EngineSpec> {
         let bad = |why: &str| {
             KernelError::Unsupported(format!(
-                "speculation '{text}': {why} (want ngram[:N][:k=K] or suffix[:D][:k=K][:global])"
+                "speculation '{text}': {why} (want ngram[:N][:k=K] or suffix[:D][:k=K][:global][:factor=F][:min_prob=P])"
             ))
         };
         let positive = |a: &str| -> Result<usize> {
@@ -45,12 +51,27 @@ impl EngineSpec {
         let mut parts = text.split(':');
         let kind = parts.next().unwrap_or("");
         let (mut arg, mut max_draft, mut global) = (None, 4, false);
+        let mut limits = SpecLimits::default();
+        let number = |a: &str, max: f64| -> Result<f64> {
+            a.parse::<f64>()
+                .ok()
+                .filter(|x| (0.0..=max).contains(x))
+                .ok_or_else(|| bad(&format!("'{a}' is not a number in [0, {max}]")))
+        };
         for (i, p) in parts.enumerate() {
-            match p.strip_prefix("k=") {
-                Some(k) => max_draft = positive(k)?,
-                None if p == "global" && kind == "suffix" => global = true,
-                None if i == 0 => arg = Some(positive(p)?),
-                None => return Err(bad(&format!("unknown option '{p}'"))),
+            let suffix = kind == "suffix";
+            if let Some(k) = p.strip_prefix("k=") {
+                max_draft = positive(k)?;
+            } else if let Some(f) = p.strip_prefix("factor=").filter(|_| suffix) {
+                limits.factor = number(f, 1e6)?;
+            } else if let Some(m) = p.strip_prefix("min_prob=").filter(|_| suffix) {
+                limits.min_prob = number(m, 1.0)?;
+            } else if p == "global" && suffix {
+                global = true;
+            } else if i == 0 {
+                arg = Some(positive(p)?);
+            } else {
+                return Err(bad(&format!("unknown option '{p}'")));
             }
         }
         let drafter = match kind {
@@ -60,6 +81,7 @@ impl EngineSpec {
             "suffix" => EngineDrafter::Suffix {
                 depth: arg.unwrap_or(24),
                 global,
+                limits,
             },
             other => return Err(bad(&format!("unknown drafter '{other}'"))),
         };
@@ -77,6 +99,7 @@ impl EngineSpec {
             EngineDrafter::Suffix {
                 depth,
                 global: true,
+                ..
             } => Some(Arc::new(GlobalSuffixTree::new(depth))),
             _ => None,
         };
@@ -88,11 +111,11 @@ impl EngineSpec {
                     (EngineDrafter::Ngram { max_n }, _) => {
                         Box::new(NgramDrafter::new(max_n, vocab))
                     }
-                    (EngineDrafter::Suffix { depth, .. }, Some(g)) => {
-                        Box::new(SuffixDrafter::with_global(depth, vocab, g.clone()))
-                    }
-                    (EngineDrafter::Suffix { depth, .. }, None) => {
-                        Box::new(SuffixDrafter::new(depth, vocab))
+                    (EngineDrafter::Suffix { depth, limits, .. }, Some(g)) => Box::new(
+                        SuffixDrafter::with_global(depth, vocab, g.clone()).with_limits(limits),
+                    ),
+                    (EngineDrafter::Suffix { depth, limits, .. }, None) => {
+                        Box::new(SuffixDrafter::new(depth, vocab).with_limits(limits))
                     }
                 }
             }),
@@ -103,11 +126,23 @@ impl EngineSpec {
     pub fn label(&self) -> String {
         match self.drafter {
             EngineDrafter::Ngram { max_n } => format!("ngram:{max_n}:k={}", self.max_draft),
-            EngineDrafter::Suffix { depth, global } => format!(
-                "suffix:{depth}:k={}{}",
-                self.max_draft,
-                if global { ":global" } else { "" }
-            ),
+            EngineDrafter::Suffix {
+                depth,
+                global,
+                limits,
+            } => {
+                let mut label = format!("suffix:{depth}:k={}", self.max_draft);
+                if global {
+                    label += ":global";
+                }
+                if limits.factor > 0.0 {
+                    label += &format!(":factor={}", limits.factor);
+                }
+                if limits.min_prob > 0.0 {
+                    label += &format!(":min_prob={}", limits.min_prob);
+                }
+                label
+            }
         }
     }
 }
@@ -173,6 +208,12 @@ mod tests {
             EngineSpec::parse("suffix:global:k=2").unwrap().label(),
             "suffix:24:k=2:global"
         );
+        assert_eq!(
+            EngineSpec::parse("suffix:8:min_prob=0.1:global:factor=2")
+                .unwrap()
+                .label(),
+            "suffix:8:k=4:global:factor=2:min_prob=0.1"
+        );
         for bad in [
             "model",
             "ngram:0",
@@ -182,6 +223,9 @@ mod tests {
             "ngram:k=99",
             "ngram:3:4",
             "ngram:global",
+            "ngram:factor=1",
+            "suffix:min_prob=2",
+            "suffix:factor=x",
         ] {
             let e = EngineSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && !e.contains('\n'), "{bad}: {e}");

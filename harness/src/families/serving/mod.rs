@@ -78,7 +78,7 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
     ),
     (
         "spec",
-        "off | ngram[:N][:k=K] | suffix[:D][:k=K][:global]: speculative decoding inside the engine, each decoding sequence's draft chain verified in the shared batch (global: SuffixDecoding's tree of finished requests' outputs too)",
+        "off | ngram[:N][:k=K] | suffix[:D][:k=K][:global][:factor=F][:min_prob=P]: speculative decoding inside the engine, each decoding sequence's draft chain verified in the shared batch (global: SuffixDecoding's tree of finished requests' outputs too)",
     ),
     (
         "text",
