@@ -8,8 +8,17 @@
 //! the index besides the tokens themselves, where a depth-limited tree holds a node (~80
 //! bytes) for each new string; a megabyte of source is ~300k tokens.
 
-use crate::speculative::suffix::Followers;
 use rayon::prelude::*;
+
+/// What followed the longest matching suffix of a context (in a corpus or a suffix tree):
+/// its length, the followers best first with their counts, and the count of every follower
+/// (ranked or not).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Followers {
+    pub len: usize,
+    pub next: Vec<(u32, u32)>,
+    pub total: u32,
+}
 
 /// A token corpus and its suffixes sorted by their first `depth` tokens (ties by position).
 #[derive(Debug, Clone)]

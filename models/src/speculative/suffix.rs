@@ -11,19 +11,11 @@
 
 use crate::model::llama::Result;
 use crate::speculative::corpus::CorpusIndex;
+use crate::speculative::corpus::Followers;
 use crate::speculative::draft::{drafted_path, DraftDist, Drafter};
 use kernel_speculative::DraftTree;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// What followed the longest matching suffix of a context: its length, the followers best
-/// first with their counts, and the count of every follower (ranked or not).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Followers {
-    pub len: usize,
-    pub next: Vec<(u32, u32)>,
-    pub total: u32,
-}
 
 /// One node: the string spelled by the path from the root.
 #[derive(Debug, Clone, Default)]
