@@ -390,10 +390,11 @@ pub(super) fn record(own_ns: u64, wait_ns: u64, led: usize, n: usize) {
 /// Starts a solo period of `ms` on the leader's word. The leader's next run-queue window
 /// starts when the period ends: a window spanning the period would measure the leader alone
 /// on its core (no delay) and call the probe of a still-busy machine quiet, resetting the
-/// period to [`FIRST_SOLO_MS`]. Before this reset, under one `yes` on a 2-vCPU AMD EPYC, 23
-/// solo periods of 20 ms each, then a probe, ran a decode's regions 33–85% solo (2 threads at
+/// period to [`FIRST_SOLO_MS`]. Before this reset, on a 2-vCPU AMD EPYC, one decode beside two
+/// busy processes went through 23 solo periods of 20 ms, each ended by a probe (33% of its
+/// regions solo), and beside one `yes` decodes ran 32–91% of their regions solo (2 threads at
 /// 0.92× one thread); with it the periods double (20, 40, 80 ms, then judged and renewed) and
-/// 91–96% of regions run solo (1.00× one thread).
+/// 91–96% of regions run solo beside one `yes` (1.00× one thread).
 fn start_solo(ms: u64) {
     DELAY_BASE.with(|b| b.set((0, 0, 0)));
     *SOLO_BASE.lock().unwrap_or_else(|p| p.into_inner()) = cpu_sample();
