@@ -6,8 +6,10 @@
 //! it matches the longest suffix up to `depth` tokens (n-gram lookup stops at its `n`), ranks
 //! by frequency rather than recency, and is built incrementally: a new token costs `depth`
 //! child lookups, a lookup `depth`² at most, where n-gram lookup scans the whole context for
-//! every proposal. The paper's global tree over earlier outputs is `corpus` (a suffix array over
-//! any token corpus, as REST's datastore), consulted beside this tree when one is given.
+//! every proposal. The paper's global tree over earlier requests' outputs is
+//! `GlobalSuffixTree` (the batching engine's `:global`), its adaptive speculation length
+//! `SpecLimits`; a static corpus (`corpus`, a suffix array, as REST's datastore) can be
+//! consulted beside them.
 
 use crate::model::llama::Result;
 use crate::speculative::corpus::CorpusIndex;
@@ -240,7 +242,7 @@ impl SuffixDrafter {
     }
 
     /// Also drafts from `global`, the outputs of the sequences that ended before, and adds
-    /// its own when it is dropped.
+    /// its own when its sequence finishes (or when it is dropped).
     pub fn with_global(depth: usize, vocab: usize, global: Arc<GlobalSuffixTree>) -> SuffixDrafter {
         let mut d = SuffixDrafter::new(depth, vocab);
         d.global = Some(global);
