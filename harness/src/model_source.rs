@@ -62,17 +62,10 @@ pub fn suffix_spec(spec: &str) -> Option<Result<SuffixSpec>> {
         corpus: None,
         limits: SpecLimits::default(),
     };
-    let number = |v: &str, max: f64| v.parse::<f64>().ok().filter(|x| (0.0..=max).contains(x));
     for (i, part) in spec.split(':').skip(1).enumerate() {
-        if let Some(v) = part.strip_prefix("factor=") {
-            match number(v, 1e6) {
-                Some(f) => out.limits.factor = f,
-                None => return Some(Err(bad(format!("factor={v} is not a number ≥ 0")))),
-            }
-        } else if let Some(v) = part.strip_prefix("min_prob=") {
-            match number(v, 1.0) {
-                Some(p) => out.limits.min_prob = p,
-                None => return Some(Err(bad(format!("min_prob={v} is not in [0, 1]")))),
+        if let Some(read) = out.limits.read_option(part) {
+            if let Err(why) = read {
+                return Some(Err(bad(why)));
             }
         } else if let Some(text) = part.strip_prefix("corpus=") {
             if text.is_empty() || out.corpus.is_some() {

@@ -52,20 +52,12 @@ impl EngineSpec {
         let kind = parts.next().unwrap_or("");
         let (mut arg, mut max_draft, mut global) = (None, 4, false);
         let mut limits = SpecLimits::default();
-        let number = |a: &str, max: f64| -> Result<f64> {
-            a.parse::<f64>()
-                .ok()
-                .filter(|x| (0.0..=max).contains(x))
-                .ok_or_else(|| bad(&format!("'{a}' is not a number in [0, {max}]")))
-        };
         for (i, p) in parts.enumerate() {
             let suffix = kind == "suffix";
             if let Some(k) = p.strip_prefix("k=") {
                 max_draft = positive(k)?;
-            } else if let Some(f) = p.strip_prefix("factor=").filter(|_| suffix) {
-                limits.factor = number(f, 1e6)?;
-            } else if let Some(m) = p.strip_prefix("min_prob=").filter(|_| suffix) {
-                limits.min_prob = number(m, 1.0)?;
+            } else if let Some(read) = limits.read_option(p).filter(|_| suffix) {
+                read.map_err(|why| bad(&why))?;
             } else if p == "global" && suffix {
                 global = true;
             } else if i == 0 {
@@ -130,19 +122,12 @@ impl EngineSpec {
                 depth,
                 global,
                 limits,
-            } => {
-                let mut label = format!("suffix:{depth}:k={}", self.max_draft);
-                if global {
-                    label += ":global";
-                }
-                if limits.factor > 0.0 {
-                    label += &format!(":factor={}", limits.factor);
-                }
-                if limits.min_prob > 0.0 {
-                    label += &format!(":min_prob={}", limits.min_prob);
-                }
-                label
-            }
+            } => format!(
+                "suffix:{depth}:k={}{}{}",
+                self.max_draft,
+                if global { ":global" } else { "" },
+                limits.label()
+            ),
         }
     }
 }

@@ -20,6 +20,13 @@ pub struct Followers {
     pub total: u32,
 }
 
+impl Followers {
+    /// The match length and the followers' tokens, without their counts.
+    pub fn tokens(self) -> (usize, Vec<u32>) {
+        (self.len, self.next.into_iter().map(|(t, _)| t).collect())
+    }
+}
+
 /// A token corpus and its suffixes sorted by their first `depth` tokens (ties by position).
 #[derive(Debug, Clone)]
 pub struct CorpusIndex {
@@ -60,19 +67,14 @@ impl CorpusIndex {
     }
 
     /// The longest suffix of `context` (at most `depth` − 1 tokens) that occurs in the corpus
-    /// followed by a token, its length, and the tokens that followed it, most frequent first
-    /// (ties: the lower token id), at most `limit`; None when no suffix occurs.
+    /// followed by a token: its length, and the tokens that followed it with their counts,
+    /// most frequent first (ties: the lower token id), at most `limit`; None when no suffix
+    /// occurs.
     ///
     /// Inside a key's range the followers are sorted (the suffixes are sorted past the key),
     /// so each distinct follower is one run found by a binary search: a lookup costs
     /// O(depth · log n + distinct followers · log n), never a scan of the occurrences.
-    pub fn continuations(&self, context: &[u32], limit: usize) -> Option<(usize, Vec<u32>)> {
-        self.continuations_counted(context, limit)
-            .map(|f| (f.len, f.next.into_iter().map(|(t, _)| t).collect()))
-    }
-
-    /// As [`CorpusIndex::continuations`], with each follower's count and the count of all.
-    pub fn continuations_counted(&self, context: &[u32], limit: usize) -> Option<Followers> {
+    pub fn longest_match(&self, context: &[u32], limit: usize) -> Option<Followers> {
         let longest = context.len().min(self.depth - 1);
         for m in (1..=longest).rev() {
             let key = &context[context.len() - m..];
@@ -163,12 +165,10 @@ mod tests {
                             f
                         });
                         assert_eq!(
-                            index.continuations_counted(&ctx, limit),
+                            index.longest_match(&ctx, limit),
                             want,
                             "len {len}, depth {depth}, ctx {ctx:?}"
                         );
-                        let tokens = want.map(|f| (f.len, f.next.iter().map(|n| n.0).collect()));
-                        assert_eq!(index.continuations(&ctx, limit), tokens);
                     }
                 }
             }
@@ -179,8 +179,9 @@ mod tests {
     fn a_suffix_at_the_corpus_end_has_no_follower() {
         // "5 6" occurs only at the end; "6" alone is followed by 7 earlier on.
         let index = CorpusIndex::new(vec![6, 7, 1, 5, 6], 4);
-        assert_eq!(index.continuations(&[5, 6], 8), Some((1, vec![7])));
-        assert_eq!(index.continuations(&[9], 8), None);
-        assert_eq!(index.continuations(&[], 8), None);
+        let tokens = |ctx: &[u32]| index.longest_match(ctx, 8).map(Followers::tokens);
+        assert_eq!(tokens(&[5, 6]), Some((1, vec![7])));
+        assert_eq!(tokens(&[9]), None);
+        assert_eq!(tokens(&[]), None);
     }
 }

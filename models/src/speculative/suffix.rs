@@ -105,19 +105,12 @@ impl SuffixTree {
     /// (ties: the most recent), at most `limit`; empty when no suffix did.
     pub fn continuations(&self, context: &[u32], limit: usize) -> Vec<u32> {
         self.longest_match(context, limit)
-            .map_or_else(Vec::new, |(_, next)| next)
+            .map_or_else(Vec::new, |f| f.tokens().1)
     }
 
-    /// As [`SuffixTree::continuations`], with the length of the suffix that matched; None
-    /// when no suffix did.
-    pub fn longest_match(&self, context: &[u32], limit: usize) -> Option<(usize, Vec<u32>)> {
-        self.longest_match_counted(context, limit)
-            .map(|m| (m.len, m.next.into_iter().map(|(t, _)| t).collect()))
-    }
-
-    /// As [`SuffixTree::longest_match`], with how often each follower followed the suffix
-    /// and how often any did.
-    pub fn longest_match_counted(&self, context: &[u32], limit: usize) -> Option<Followers> {
+    /// As [`SuffixTree::continuations`], with the length of the suffix that matched, how
+    /// often each follower followed it and how often any did; None when no suffix did.
+    pub fn longest_match(&self, context: &[u32], limit: usize) -> Option<Followers> {
         let longest = context.len().min(self.depth - 1);
         for m in (1..=longest).rev() {
             let Some(node) = self.find(&context[context.len() - m..]) else {
@@ -218,6 +211,41 @@ pub struct SpecLimits {
     pub min_prob: f64,
 }
 
+impl SpecLimits {
+    /// Reads a `factor=F` (≥ 0) or `min_prob=P` (in [0, 1]) spec option into these limits:
+    /// None when `part` is neither, the reason when its value is out of range. The one
+    /// parser of `harness generate`'s drafter specs and the engine's.
+    pub fn read_option(&mut self, part: &str) -> Option<std::result::Result<(), String>> {
+        let (slot, v, max, want) = if let Some(v) = part.strip_prefix("factor=") {
+            (&mut self.factor, v, 1e6, "a number ≥ 0")
+        } else if let Some(v) = part.strip_prefix("min_prob=") {
+            (&mut self.min_prob, v, 1.0, "in [0, 1]")
+        } else {
+            return None;
+        };
+        let x = v.parse::<f64>().ok().filter(|x| (0.0..=max).contains(x));
+        Some(match x {
+            Some(x) => {
+                *slot = x;
+                Ok(())
+            }
+            None => Err(format!("{part} is not {want}")),
+        })
+    }
+
+    /// The limits as a spec writes them (`:factor=1:min_prob=0.1`; empty when both are off).
+    pub fn label(&self) -> String {
+        let mut label = String::new();
+        if self.factor > 0.0 {
+            label += &format!(":factor={}", self.factor);
+        }
+        if self.min_prob > 0.0 {
+            label += &format!(":min_prob={}", self.min_prob);
+        }
+        label
+    }
+}
+
 impl Drop for SuffixDrafter {
     /// The sequence ended: its output joins the global tree, if there is one.
     fn drop(&mut self) {
@@ -260,15 +288,15 @@ impl SuffixDrafter {
     /// What followed `context`: of the sequence's tree, the global tree and the corpus, the
     /// one that matched the longest suffix (the first of them at a tie).
     fn best_match(&self, context: &[u32]) -> Option<Followers> {
-        let own = self.tree.longest_match_counted(context, Self::LIMIT);
+        let own = self.tree.longest_match(context, Self::LIMIT);
         let global = self
             .global
             .as_ref()
-            .and_then(|g| g.tree().longest_match_counted(context, Self::LIMIT));
+            .and_then(|g| g.tree().longest_match(context, Self::LIMIT));
         let corpus = self
             .corpus
             .as_ref()
-            .and_then(|c| c.continuations_counted(context, Self::LIMIT));
+            .and_then(|c| c.longest_match(context, Self::LIMIT));
         [own, global, corpus]
             .into_iter()
             .flatten()
@@ -299,13 +327,7 @@ impl SuffixDrafter {
 
 impl Drafter for SuffixDrafter {
     fn name(&self) -> String {
-        let mut name = format!("suffix:{}", self.depth);
-        if self.limits.factor > 0.0 {
-            name += &format!(":factor={}", self.limits.factor);
-        }
-        if self.limits.min_prob > 0.0 {
-            name += &format!(":min_prob={}", self.limits.min_prob);
-        }
+        let mut name = format!("suffix:{}{}", self.depth, self.limits.label());
         if let Some(c) = &self.corpus {
             name += &format!("+corpus({} tokens)", c.len());
         }
@@ -447,7 +469,7 @@ mod tests {
                                 .map_or(vec![], |f| f.next.iter().map(|n| n.0).collect())
                         );
                         assert_eq!(
-                            tree.longest_match_counted(ctx, usize::MAX),
+                            tree.longest_match(ctx, usize::MAX),
                             want,
                             "depth {depth}, {} tokens, ctx {}",
                             done.len(),
