@@ -55,6 +55,20 @@ fn files_under(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The regular files directly in `dir` that `keep` accepts, sorted by path (none when `dir`
+/// cannot be read).
+fn files_in(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && keep(p))
+        .collect();
+    files.sort();
+    files
+}
+
 /// `/usr/lib/python3.N` with the largest N.
 fn newest_python_lib() -> Option<PathBuf> {
     std::fs::read_dir("/usr/lib")
@@ -125,14 +139,7 @@ impl Text {
                 )
             }
             "licenses" => {
-                let mut files: Vec<PathBuf> = std::fs::read_dir(LICENSES)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.is_file() && !p.is_symlink())
-                    .collect();
-                files.sort();
+                let files = files_in(Path::new(LICENSES), |p| !p.is_symlink());
                 concat(
                     name,
                     format!("{LICENSES}/* ({} files)", files.len()),
@@ -175,14 +182,7 @@ impl Text {
                         "text 'python': no /usr/lib/python3.N (install python3)".into(),
                     )
                 })?;
-                let mut files: Vec<PathBuf> = std::fs::read_dir(&lib)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "py"))
-                    .collect();
-                files.sort();
+                let files = files_in(&lib, |p| p.extension().is_some_and(|e| e == "py"));
                 concat(
                     name,
                     format!("{}/*.py ({} files)", lib.display(), files.len()),

@@ -688,9 +688,13 @@ impl<'m> Engine<'m> {
         self.clock = now;
         for &i in &done {
             let s = &mut self.running[i];
-            let tokens = s.tokens();
-            if let Some(d) = s.drafter.as_mut() {
-                d.finish(&tokens)?;
+            // Only a speculating sequence's drafter hears that it finished (the tokens are a
+            // copy, made for it alone).
+            if s.drafter.is_some() {
+                let tokens = s.tokens();
+                if let Some(d) = s.drafter.as_mut() {
+                    d.finish(&tokens)?;
+                }
             }
             self.finished.push(Finished {
                 id: s.req.id,
