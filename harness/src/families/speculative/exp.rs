@@ -157,8 +157,8 @@ fn drafter_bytes(target: &models::Llama, path: &str, spec: &str, capacity: usize
     }
     if let Some(s) = crate::model_source::suffix_spec(spec) {
         // A node (~64 bytes with its map entry) per indexed string: depth per token (a bad
-        // spec is refused when the drafter is built); a corpus's index 8 bytes a token, at
-        // most one token a byte of its text (its size is read when it is built).
+        // spec is refused when the drafter is built). A corpus's index (8 bytes a token: ~10 MB
+        // for `python`) is not counted: its size is known only once its text is read.
         let depth = s
             .as_ref()
             .map_or(crate::model_source::SUFFIX_DEPTH, |s| s.depth);
