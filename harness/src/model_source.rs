@@ -108,7 +108,10 @@ pub fn corpus_index(
     if let Some((_, index)) = built.iter().find(|(k, _)| *k == key) {
         return Ok(index.clone());
     }
-    let content = Text::resolve(text, crate::workspace::root().ok().as_deref())?.content;
+    // Its errors speak of texts (`--text` elsewhere): say which option named this one.
+    let content = Text::resolve(text, crate::workspace::root().ok().as_deref())
+        .map_err(|e| HarnessError::Usage(format!("corpus={text}, read as a text: {e}")))?
+        .content;
     // Line by line in parallel (BPE pre-tokenisation splits at newlines anyway).
     let lines: Vec<&str> = content.split_inclusive('\n').collect();
     let tokens: Vec<Vec<u32>> = lines

@@ -449,6 +449,20 @@ fn speculative_generation_from_the_cli() {
         "unknown option 'k=3'",
     );
     one_line_exit_2(&run(&["--spec-draft", "suffix:1"]), "at least 2");
+    // A corpus that is not a text, on a target with a tokenizer to read it with.
+    if let Some(m) = model() {
+        one_line_exit_2(
+            &generate(&[
+                "--model",
+                m.to_str().unwrap(),
+                "--prompt",
+                "def f",
+                "--spec-draft",
+                "suffix:8:corpus=/no/such/corpus.txt",
+            ]),
+            "corpus=/no/such/corpus.txt, read as a text",
+        );
+    }
     one_line_exit_2(
         &run(&["--spec-draft", "suffix:8:min_prob=2"]),
         "min_prob=2 is not in [0, 1]",
