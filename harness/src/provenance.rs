@@ -157,6 +157,13 @@ pub struct MergedShard {
     pub sessions: Vec<Session>,
 }
 
+/// The GPU a `--device cuda` run ran on, as its device roofline (measured on that device at
+/// the start of the run) names it: "NVIDIA H200 (132 SMs)". None on the CPU.
+fn gpu_of(device: &str, roofline: &Roofline) -> Option<String> {
+    (device.starts_with("cuda") && roofline.machine.starts_with("cuda-"))
+        .then(|| format!("{} ({} SMs)", roofline.cpu_model, roofline.threads))
+}
+
 impl Provenance {
     /// Provenance for a run starting now.
     #[allow(clippy::too_many_arguments)]
@@ -186,7 +193,7 @@ impl Provenance {
             logical_cores: machine::logical_cores(),
             threads: rayon::current_num_threads(),
             device: device.into(),
-            gpu: None,
+            gpu: gpu_of(device, &roofline),
             isa: machine::isa(),
             isa_detected: machine::isa_detected(),
             rustc: machine::rustc().into(),

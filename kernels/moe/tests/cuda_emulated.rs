@@ -299,7 +299,8 @@ fn router_and_capacity_follow_the_cpu_on_nan_and_inf_logits(m: &EmuModule) {
 }
 
 /// `cuda_grouped` (gate+up, down, combine) on the emulator against the f64 experts of the same
-/// decisions, x and weights rounded to the storage type as the variant rounds them: every
+/// decisions, x, weights and the hidden activation rounded to the storage type as the
+/// variant rounds them: every
 /// routing convention, odd widths (element loads) and multiples of 8 (16-byte loads), experts
 /// spanning several row tiles, K over several 32-deep steps, experts with no tokens.
 #[test]
@@ -308,7 +309,7 @@ fn grouped_expert_gemms_match_the_f64_reference() {
         return;
     };
     use kernel_moe::cuda::experts::{plan_grouped, plan_launches};
-    use kernel_moe::reference::experts_reference;
+    use kernel_moe::reference::experts_reference_stored;
     use kernel_moe::{route, Capacity, Choice, MoeConfig, MoeWeights, Priority, WeightNorm};
     let tc = |tokens, d, f, experts, k, policy, norm, cf| {
         MoeConfig::token_choice(tokens, d, f, experts, k, policy, norm, Capacity::Factor(cf))
@@ -351,7 +352,7 @@ fn grouped_expert_gemms_match_the_f64_reference() {
         for dt in [DType::F16, DType::BF16] {
             let xr = Buffer::from_f32(dt, &x).to_f32();
             let all: Vec<usize> = (0..c.tokens).collect();
-            let want = experts_reference(c, &w.rounded(dt), &xr, &routing, &all);
+            let want = experts_reference_stored(c, &w.rounded(dt), &xr, &routing, &all, dt);
             let transposed = |m: &[f32], rows: usize, cols: usize| {
                 let mut t = vec![0.0f32; m.len()];
                 for e in 0..c.experts {

@@ -1,6 +1,7 @@
 //! `harness check --family moe --device cuda`: on `check.rs`'s cases, `cuda_grouped` (the
 //! experts as grouped tensor-core GEMMs, per f16/bf16 dtype) against the f64 experts of the
-//! same decisions with x and the weights rounded as the variant rounds them; then the routing
+//! same decisions with x, the weights and the hidden activation h rounded as the variant
+//! rounds them (h is stored in the dtype between its two GEMMs); then the routing
 //! kernels `cuda_router`, `cuda_capacity`, `cuda_dispatch` and `cuda_combine` stage by stage
 //! on the token-choice cases whose policy the capacity kernel implements — router
 //! probabilities against f64, then each later stage exactly against the CPU stage fed the
@@ -14,7 +15,7 @@ use kernel_moe::cases::{cases, Case};
 use kernel_moe::cuda::{
     capacity_cuda, combine_cuda, dispatch_cuda, route_cuda, slots_per_expert, DeviceRouting,
 };
-use kernel_moe::reference::experts_reference;
+use kernel_moe::reference::experts_reference_stored;
 use kernel_moe::{
     experts_forward, route, route_reference, routing::select, Capacity, ExpertVariant, MoeConfig,
     MoeWeights, WeightNorm,
@@ -73,7 +74,7 @@ fn check_grouped(ctx: &mut Ctx, inputs: &Inputs) -> Result<()> {
     let all: Vec<usize> = (0..c.tokens).collect();
     for &dtype in &ctx.opts.dtypes.clone() {
         let xr = Buffer::from_f32(dtype, x).to_f32();
-        let want = experts_reference(c, &w.rounded(dtype), &xr, &routing, &all);
+        let want = experts_reference_stored(c, &w.rounded(dtype), &xr, &routing, &all, dtype);
         let mut out = vec![f32::NAN; x.len()];
         let variant = ExpertVariant::CudaGrouped(dtype);
         let outcome = experts_forward(c, w, x, &routing, variant, &mut out)

@@ -22,7 +22,7 @@ use crate::sweep::PointKey;
 use kernel_common::inputs::{derive_seed, normal_buffer_par};
 use kernel_common::{tolerance, Buffer, DType, ErrorStats};
 use kernel_moe::cuda::experts::DeviceExperts;
-use kernel_moe::reference::experts_reference;
+use kernel_moe::reference::{experts_reference, experts_reference_stored};
 use kernel_moe::{
     experts_forward, route, Capacity, ExpertVariant, MoeConfig, MoeWeights, Routing, RoutingStats,
 };
@@ -238,7 +238,14 @@ fn cuda_row(
         Err(e) => fail(&mut row, e),
         Ok((out, t, hot_ms)) => {
             let xr = Buffer::from_f32(dtype, p.x).to_f32();
-            let want = experts_reference(&p.cfg, &p.w.rounded(dtype), &xr, &p.routing, p.sampled);
+            let want = experts_reference_stored(
+                &p.cfg,
+                &p.w.rounded(dtype),
+                &xr,
+                &p.routing,
+                p.sampled,
+                dtype,
+            );
             p.judge(&mut row, &out, &want, dtype);
             set_timing(&mut row, &t);
             row.hot_median_ms = Some(hot_ms);
