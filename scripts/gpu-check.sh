@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The CUDA backend on a real GPU, in one call (sized to finish in < 8 minutes on an H200; not
-# yet run on one: no GPU has been lent to this project so far):
+# The CUDA backend on a real GPU, in one call (sized to finish in < 8 minutes on an H200; the
+# whole script took 250 s on one on 2026-12-04, results/gpu/README.md):
 #   1. device roofline (2 GiB device-to-device copy; the workbench's bf16 MMA GEMM);
 #   2. harness check --device cuda for every family (f32/f16/bf16);
 #   3. flash_vs_paged --device cuda at H200-sized shapes: decode (batch 8/32, GQA 32/8,
-#      contexts 4k/16k) and bf16 prefill (1k..8k), with PyTorch's scaled_dot_product_attention
+#      contexts 4k/16k; the plain and the pipelined (pipe=1) key loops, unsplit, auto-split and
+#      at fixed partitions) and bf16 prefill (1k..8k), with PyTorch's scaled_dot_product_attention
 #      as a peer (scripts/peers/torch_sdpa on cuda:0: the same inputs, checked against the
 #      same f64 reference, CUDA events, in rounds alternating with ours);
 #   4. quant_tradeoff --device cuda: the GEMV at 4096x4096 and 4096x11008, batch 1 and 8,
@@ -198,9 +199,10 @@ sanitize() {
     step roofline 120 "${HX[@]}" roofline --device cuda
     step check 240 "${HX[@]}" check --device cuda "${CHECK[@]}" --format table
     step decode 150 "${HX[@]}" exp flash_vs_paged --device cuda "${DECODE[@]}" \
-        --variant cuda_paged:bs=16 --variant cuda_paged:bs=16,unroll=2 \
-        --variant cuda_paged:bs=16,split=auto --variant cuda_paged:bs=16,split=auto,unroll=2 \
-        --variant cuda_paged:bs=16,split=4096 --variant cuda_paged:bs=128,split=auto --variant cuda_flash2 \
+        --variant cuda_paged:bs=16 --variant cuda_paged:bs=16,split=auto \
+        --variant cuda_paged:bs=16,pipe=1 --variant cuda_paged:bs=16,split=auto,pipe=1 \
+        --variant cuda_paged:bs=16,split=1024,pipe=1 --variant cuda_paged:bs=16,split=2048,pipe=1 \
+        --variant cuda_paged:bs=128,split=auto,pipe=1 --variant cuda_flash2 \
         --peer torch_sdpa
     step prefill 150 "${HX[@]}" exp flash_vs_paged --device cuda "${PREFILL[@]}" \
         --variant cuda_flash2 --variant cuda_flash2:pipe=1 --variant cuda_naive --peer torch_sdpa

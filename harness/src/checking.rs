@@ -140,16 +140,18 @@ struct Group {
     worst_abs: f64,
 }
 
-/// One line per (family, variant base name, dtype): cases, passes, worst errors.
+/// One line per (family, variant base name with +split / +pipe, dtype): cases, passes,
+/// worst errors.
 pub fn print_summary(rows: &[CheckRow]) {
     let mut groups: BTreeMap<(String, String, String), Group> = BTreeMap::new();
     for r in rows {
-        let base = r.head.variant.split(':').next().unwrap_or("").to_string();
-        let name = if r.head.variant.contains("split=") {
-            format!("{base}+split")
-        } else {
-            base
-        };
+        let v = &r.head.variant;
+        let mut name = v.split(':').next().unwrap_or("").to_string();
+        for (param, tag) in [("split=", "+split"), ("pipe=1", "+pipe")] {
+            if v.contains(param) {
+                name.push_str(tag);
+            }
+        }
         let g = groups
             .entry((r.family.clone(), name, r.dtype.clone()))
             .or_default();

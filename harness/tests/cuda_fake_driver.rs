@@ -195,6 +195,19 @@ fn every_cuda_path_runs_end_to_end_on_the_fake_driver() {
         );
         assert!(status.iter().filter(|s| *s == "ok").count() >= 4);
         assert!(column(&rows, "device").iter().all(|d| d == "cuda:0"));
+        // The provenance names the GPU the run measured (the fake driver's device).
+        for json in std::fs::read_dir(results.join(exp)).unwrap() {
+            let path = json.unwrap().path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let prov: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let gpu = prov["gpu"].as_str().unwrap_or_default();
+                assert!(
+                    gpu.contains("fake libcuda") && gpu.contains("SMs"),
+                    "{exp}: gpu {gpu:?}"
+                );
+            }
+        }
         // Every timed row has its cold median and, beside it, the hot one.
         let (cold, hot) = (column(&rows, "median_ms"), column(&rows, "hot_median_ms"));
         for (i, s) in status.iter().enumerate() {

@@ -120,6 +120,33 @@ template <typename H> __device__ __forceinline__ void load8(const H* p, float* o
     out[6] = half_lo<H>(raw.w); out[7] = half_hi<H>(raw.w);
 }
 
+// 8 consecutive storage elements as loaded (one 16-byte load for f16/bf16, two for f32), to
+// be widened to f32 by widen8 where they are used: loads issued a step ahead hold half the
+// registers of their floats in the 16-bit types.
+template <typename T> struct Raw8 { uint4 v; };
+template <> struct Raw8<float> { float4 a, b; };
+template <typename T> __device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
+    Raw8<T> r;
+    r.v = *reinterpret_cast<const uint4*>(p);
+    return r;
+}
+template <> __device__ __forceinline__ Raw8<float> load_raw8<float>(const float* p) {
+    Raw8<float> r;
+    r.a = *reinterpret_cast<const float4*>(p);
+    r.b = *reinterpret_cast<const float4*>(p + 4);
+    return r;
+}
+template <typename T> __device__ __forceinline__ void widen8(const Raw8<T>& r, float* out) {
+    out[0] = half_lo<T>(r.v.x); out[1] = half_hi<T>(r.v.x);
+    out[2] = half_lo<T>(r.v.y); out[3] = half_hi<T>(r.v.y);
+    out[4] = half_lo<T>(r.v.z); out[5] = half_hi<T>(r.v.z);
+    out[6] = half_lo<T>(r.v.w); out[7] = half_hi<T>(r.v.w);
+}
+template <> __device__ __forceinline__ void widen8<float>(const Raw8<float>& r, float* out) {
+    out[0] = r.a.x; out[1] = r.a.y; out[2] = r.a.z; out[3] = r.a.w;
+    out[4] = r.b.x; out[5] = r.b.y; out[6] = r.b.z; out[7] = r.b.w;
+}
+
 // Four 8×8 matrices of 16-bit values from shared memory in MMA fragment layout (ldmatrix):
 // lane t names row t % 8 of matrix t / 8; register i of lane t receives matrix i's elements
 // (t / 4, 2·(t % 4)) and (t / 4, 2·(t % 4) + 1) — or, transposed, (2·(t % 4), t / 4) and

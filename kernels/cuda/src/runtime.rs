@@ -180,6 +180,17 @@ impl CudaRuntime {
         driver(module.load_function(entry), entry)
     }
 
+    /// How many blocks of `threads` threads (no dynamic shared memory) of `f` one
+    /// multiprocessor holds at once, by the driver's occupancy calculator (registers, shared
+    /// memory and the per-SM limits of this device).
+    pub fn blocks_per_sm(&self, f: &CudaFunction, threads: usize) -> Result<usize> {
+        let n = driver(
+            f.occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None),
+            "occupancy",
+        )?;
+        Ok(n as usize)
+    }
+
     /// Copies `host` to a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
         driver(self.stream.clone_htod(host), "host-to-device copy")

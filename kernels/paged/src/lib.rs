@@ -66,7 +66,7 @@ pub const VARIANTS: &[Row] = &[
     ),
     Variant::cuda(
         "cuda_paged",
-        "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split, unroll (1|2 keys per lane group per step); head_dim 64|128; --device cuda",
+        "CUDA paged decode (8 lanes per key, 16-byte loads, split-KV + LSE reduction); params bs, split, unroll (1|2 keys per lane group per step), pipe (1: the software-pipelined key loop, one memory latency per step hidden behind the arithmetic); head_dim 64|128; --device cuda",
         build,
         |case, r| checks("cuda_paged", case, r),
     ),
@@ -80,21 +80,30 @@ pub fn kernel_from_spec(
 }
 
 /// Block sizes 1, 16 and a random one, then split-KV with a partition size by case.
+/// On CUDA also the pipelined key loop, split and not.
 fn checks(name: &str, case: usize, r: &mut dyn RngCore) -> Vec<String> {
-    vec![
+    let mut v = vec![
         format!("{name}:bs={}", [1, 16, r.gen_range(2..=256)][case % 3]),
         format!(
             "{name}:bs={},split={}",
             [16, 1, 32][case % 3],
             ["auto", "64", "7"][case % 3]
         ),
-    ]
+    ];
+    if name == "cuda_paged" {
+        v.push(format!(
+            "{name}:bs={},split={},pipe=1",
+            [16, 3, 1][case % 3],
+            ["off", "auto", "13"][case % 3]
+        ));
+    }
+    v
 }
 
 fn build(spec: &VariantSpec) -> Result<Box<dyn kernel_attention::AttentionKernel>> {
     let cuda = spec.name == "cuda_paged";
     spec.only(if cuda {
-        &["bs", "split", "unroll"]
+        &["bs", "split", "unroll", "pipe"]
     } else {
         &["bs", "split"]
     })?;
@@ -108,10 +117,24 @@ fn build(spec: &VariantSpec) -> Result<Box<dyn kernel_attention::AttentionKernel
                 "cuda_paged: unroll must be 1 or 2, got {unroll}"
             )));
         }
+        let keys = match spec.get("pipe", 0usize)? {
+            0 => cuda::KeyLoop::Plain(unroll),
+            1 if unroll == 1 => cuda::KeyLoop::Pipelined,
+            1 => {
+                return Err(kernel_common::KernelError::Unsupported(
+                    "cuda_paged: pipe=1 sets its own keys per step; drop unroll".into(),
+                ))
+            }
+            n => {
+                return Err(kernel_common::KernelError::Unsupported(format!(
+                    "cuda_paged: pipe must be 0 or 1, got {n}"
+                )))
+            }
+        };
         return Ok(Box::new(cuda::CudaPaged {
             block_size,
             split,
-            unroll,
+            keys,
         }));
     }
     Ok(Box::new(cpu))

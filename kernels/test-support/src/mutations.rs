@@ -120,8 +120,8 @@ pub const MUTATIONS: &[Mutation] = &[
         name: "paged-causal-off-by-one",
         file: "paged.cu",
         what: "paged decode lets query row i see one key past its position",
-        find: "last_key[r] = ctx - q_len + i;",
-        replace: "last_key[r] = ctx - q_len + i + 1;",
+        find: "last_key[r] = w.ctx - q_len + i;",
+        replace: "last_key[r] = w.ctx - q_len + i + 1;",
         ..PLAIN
     },
     Mutation {
@@ -136,24 +136,34 @@ pub const MUTATIONS: &[Mutation] = &[
         name: "paged-window-off-by-one",
         file: "paged.cu",
         what: "paged decode lets a row see one key more than its sliding window",
-        find: "last_key[r] - j >= window",
-        replace: "last_key[r] - j > window",
+        find: "last_key - j >= window",
+        replace: "last_key - j > window",
         ..PLAIN
     },
     Mutation {
         name: "paged-partitions-from-zero",
         file: "paged.cu",
         what: "paged decode's partitions start at position 0, not at the window's first key",
-        find: "const int k_begin = k_first + part * part_tokens",
-        replace: "const int k_begin = part * part_tokens",
+        find: "w.k_begin = k_first + w.part * part_tokens",
+        replace: "w.k_begin = w.part * part_tokens",
         ..PLAIN
     },
     Mutation {
         name: "paged-softcap-skipped",
         file: "paged.cu",
         what: "paged decode skips the logit soft-cap",
-        find: "if (softcap > 0.0f) s = cap_l2 * tanh_f32(s * cap_inv);",
-        replace: "",
+        find: "return inv > 0.0f ? l2 * tanh_f32(s * inv) : s;",
+        replace: "return s;",
+        ..PLAIN
+    },
+    Mutation {
+        name: "paged-pipe-stale-page",
+        file: "paged.cu",
+        what: "the pipelined paged decode reads the page-table entries of the step it is about to \
+               load instead of the step after (every key from the second step on reads the \
+               wrong page once steps cross a block)",
+        find: "page[u] = table[min(j0 + 2 * STEP + kg + 4 * u, last) / bs];",
+        replace: "page[u] = table[min(j0 + STEP + kg + 4 * u, last) / bs];",
         ..PLAIN
     },
     Mutation {

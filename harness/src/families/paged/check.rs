@@ -17,6 +17,7 @@ use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::inputs::{derive_seed, rng};
 use kernel_common::{tolerance, Buffer, DType, Device, ErrorStats};
 use kernel_paged::adapter::build_pool;
+use kernel_paged::cuda::KeyLoop;
 use kernel_paged::{pool::gather, CacheCaseSpec, KvCacheFormat, PagedCase, PagedCaseSpec, SplitKv};
 use rand::Rng;
 
@@ -233,10 +234,30 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             } else {
                 "paged_decode"
             };
-            for (split, name) in splits(prefix, spec.seed) {
+            // On CUDA each split under both key loops (the plain one and `pipe=1`).
+            let loops: &[(KeyLoop, &str)] = if cuda {
+                &[(KeyLoop::Plain(1), ""), (KeyLoop::Pipelined, ",pipe=1")]
+            } else {
+                &[(KeyLoop::Plain(1), "")]
+            };
+            let runs = splits(prefix, spec.seed)
+                .into_iter()
+                .flat_map(|(split, name)| {
+                    loops.iter().map(move |&(keys, tag)| {
+                        let name = match (tag, name.contains(':')) {
+                            ("", _) => name.clone(),
+                            (_, true) => format!("{name}{tag}"),
+                            (_, false) => format!("{name}:{}", &tag[1..]),
+                        };
+                        (split, keys, name)
+                    })
+                });
+            for (split, keys, name) in runs {
                 let got = if cuda {
-                    kernel_paged::cuda::paged_decode_cuda(&c.shape, &c.batch, &c.pool, &c.q, split)
-                        .map(|b| b.to_f32())
+                    kernel_paged::cuda::paged_decode_cuda(
+                        &c.shape, &c.batch, &c.pool, &c.q, split, keys,
+                    )
+                    .map(|b| b.to_f32())
                 } else {
                     c.decode(split)
                 };

@@ -30,18 +30,24 @@ pub const SOURCE: KernelSource = kernel_cuda::cuda_source!(
         "paged_decode_d128_f32",
         "paged_decode_k2_d64_f32",
         "paged_decode_k2_d128_f32",
+        "paged_decode_pipe_d64_f32",
+        "paged_decode_pipe_d128_f32",
         "paged_reduce_f32",
         "paged_append_f32",
         "paged_decode_d64_f16",
         "paged_decode_d128_f16",
         "paged_decode_k2_d64_f16",
         "paged_decode_k2_d128_f16",
+        "paged_decode_pipe_d64_f16",
+        "paged_decode_pipe_d128_f16",
         "paged_reduce_f16",
         "paged_append_f16",
         "paged_decode_d64_bf16",
         "paged_decode_d128_bf16",
         "paged_decode_k2_d64_bf16",
         "paged_decode_k2_d128_bf16",
+        "paged_decode_pipe_d64_bf16",
+        "paged_decode_pipe_d128_bf16",
         "paged_reduce_bf16",
         "paged_append_bf16",
     ]
@@ -53,10 +59,47 @@ pub const ROWS_PER_WARP: usize = 2;
 pub const MAX_WARPS: usize = 8;
 /// Shortest partition the automatic split makes.
 pub const AUTO_MIN_PARTITION: usize = 256;
-/// Blocks per multiprocessor the automatic split aims for. A decode block is 1–8 warps with
-/// ~2 KiB of K/V loads in flight per warp; an H200 SM needs ~20–30 KiB in flight to stream at
-/// full bandwidth (4.3 TB/s / 132 SMs × ~0.7 µs latency), so 8 blocks of 2 warps, not 2.
+/// Blocks per multiprocessor the plans assume before the device is asked (its occupancy
+/// calculator then gives the kernel's own number: `DeviceDecode::new`). A decode block is 1–8
+/// warps with ~2 KiB of K/V loads in flight per warp; an H200 SM needs ~20–30 KiB in flight
+/// to stream at full bandwidth (4.3 TB/s / 132 SMs × ~0.7 µs latency).
 pub const AUTO_BLOCKS_PER_SM: usize = 8;
+
+/// The resident blocks the plans assume for an H200 before the device is asked: 132 SMs ×
+/// `AUTO_BLOCKS_PER_SM`.
+pub const NOMINAL_RESIDENT_BLOCKS: usize = 132 * AUTO_BLOCKS_PER_SM;
+
+/// How the decode kernel walks a partition's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLoop {
+    /// `paged_decode_*` (`unroll=1`) and `paged_decode_k2_*` (`unroll=2`): each step reads its
+    /// keys' page-table entries, then loads the keys, then computes: two memory latencies per
+    /// step, exposed.
+    Plain(usize),
+    /// `paged_decode_pipe_*` (`pipe=1`): the loop software-pipelined — each step issues the
+    /// next step's K/V loads and the page-table reads of the step after before computing its
+    /// own keys, and rescales the online softmax once per step.
+    Pipelined,
+}
+
+impl KeyLoop {
+    /// The variant's parameter as `cuda_paged:...` writes it (empty for the default).
+    pub fn param(self) -> String {
+        match self {
+            KeyLoop::Plain(1) => String::new(),
+            KeyLoop::Plain(n) => format!(",unroll={n}"),
+            KeyLoop::Pipelined => ",pipe=1".into(),
+        }
+    }
+
+    fn entry_prefix(self) -> &'static str {
+        match self {
+            KeyLoop::Plain(2) => "k2_",
+            KeyLoop::Plain(_) => "",
+            KeyLoop::Pipelined => "pipe_",
+        }
+    }
+}
 
 /// Everything one decode call launches.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,35 +118,42 @@ pub struct DecodePlan {
 }
 
 /// Tokens per partition on the GPU (of the positions a sequence's rows see, all of them or
-/// the window's reach): `Off` = the longest such range, `Tokens(n)` = n, `Auto` =
-/// enough partitions for `AUTO_BLOCKS_PER_SM` blocks per multiprocessor, none shorter than
-/// `AUTO_MIN_PARTITION` tokens. One value for the whole batch (the kernel takes one).
-pub fn partition_tokens(split: SplitKv, max_ctx: usize, base_blocks: usize, sms: usize) -> usize {
+/// the window's reach): `Off` = the longest such range, `Tokens(n)` = n, `Auto` = as many
+/// partitions as fit one wave of `resident_blocks` (the blocks the device runs at once:
+/// multiprocessors × blocks per multiprocessor), none shorter than `AUTO_MIN_PARTITION`
+/// tokens. One wave, not more: a grid a few blocks over it runs a second, nearly empty wave
+/// (measured on the H200: batch 32 at 16k, 1280 blocks over 1056 slots took 1.43× the time of
+/// 1024). One value for the whole batch (the kernel takes one).
+pub fn partition_tokens(
+    split: SplitKv,
+    max_ctx: usize,
+    base_blocks: usize,
+    resident_blocks: usize,
+) -> usize {
     let tokens = match split {
         SplitKv::Off => max_ctx,
         SplitKv::Tokens(n) => n,
         // The CPU's rule: the partition depends on the context alone.
         SplitKv::Context => SplitKv::Context.partition_tokens(max_ctx),
         SplitKv::Auto => {
-            let parts = (AUTO_BLOCKS_PER_SM * sms)
-                .div_ceil(base_blocks.max(1))
-                .max(1);
+            let parts = (resident_blocks / base_blocks.max(1)).max(1);
             max_ctx.div_ceil(parts).max(AUTO_MIN_PARTITION)
         }
     };
     tokens.clamp(1, max_ctx.max(1))
 }
 
-/// Plans one decode call; `sms` is the device's multiprocessor count.
+/// Plans one decode call; `resident_blocks` is how many of its blocks the device runs at once
+/// (what the automatic split fills).
 pub fn plan_decode(
     shape: &PagedDecodeShape,
     context_lens: &[usize],
     dtype: DType,
     split: SplitKv,
-    unroll: usize,
-    sms: usize,
+    keys: KeyLoop,
+    resident_blocks: usize,
 ) -> Result<DecodePlan> {
-    if unroll != 1 && unroll != 2 {
+    if let KeyLoop::Plain(unroll @ (0 | 3..)) = keys {
         return Err(KernelError::Unsupported(format!(
             "cuda_paged: unroll (keys per lane group per step) is 1 or 2, not {unroll}"
         )));
@@ -129,7 +179,12 @@ pub fn plan_decode(
         .map(|&c| shape.visible_range(c).len())
         .max()
         .unwrap_or(1);
-    let part_tokens = partition_tokens(split, max_seen, shape.kv_heads * row_chunks * batch, sms);
+    let part_tokens = partition_tokens(
+        split,
+        max_seen,
+        shape.kv_heads * row_chunks * batch,
+        resident_blocks,
+    );
     let parts = max_seen.div_ceil(part_tokens);
     let dt = dtype_suffix(dtype);
     let decode = Launch::new((shape.kv_heads * row_chunks, batch, parts), warps * 32, 0)?;
@@ -145,7 +200,7 @@ pub fn plan_decode(
     Ok(DecodePlan {
         decode_entry: format!(
             "paged_decode_{}d{}_{dt}",
-            if unroll == 2 { "k2_" } else { "" },
+            keys.entry_prefix(),
             shape.head_dim
         ),
         decode,
@@ -173,11 +228,6 @@ pub fn flat_tables(tables: &[Vec<u32>]) -> (Vec<i32>, usize) {
     }
     (flat, width)
 }
-
-/// The SM count `DeviceDecode::new` plans with before it asks for the device (H200's, as
-/// `CudaPaged::supports`): every check of `plan_decode` but the automatic split's partition
-/// count is independent of it.
-const NOMINAL_SMS: usize = 132;
 
 /// The most context positions the decode kernel's `int` arithmetic takes: it adds a
 /// partition (up to a whole context) and a step of keys to a position.
@@ -273,28 +323,31 @@ impl DeviceDecode {
         pool: &KvPool,
         q: &Buffer,
         split: SplitKv,
-        unroll: usize,
+        keys: KeyLoop,
     ) -> Result<DeviceDecode> {
         let (args, tables, lens) = check_decode(shape, batch, pool, q)?;
         let dtype = pool.dtype();
-        plan_decode(
+        // Every check of the plan but the automatic split's partition count holds whatever
+        // the device: planned once before the device is asked for, again with its numbers.
+        let nominal = plan_decode(
             shape,
             &batch.context_lens,
             dtype,
             split,
-            unroll,
-            NOMINAL_SMS,
+            keys,
+            NOMINAL_RESIDENT_BLOCKS,
         )?;
         let rt = CudaRuntime::current()?;
+        let decode_fn = rt.function(&SOURCE, &nominal.decode_entry)?;
+        let per_sm = rt.blocks_per_sm(&decode_fn, nominal.decode.block.0 as usize)?;
         let plan = plan_decode(
             shape,
             &batch.context_lens,
             dtype,
             split,
-            unroll,
-            rt.sm_count,
+            keys,
+            rt.sm_count * per_sm.max(1),
         )?;
-        let decode_fn = rt.function(&SOURCE, &plan.decode_entry)?;
         let reduce_fn = match &plan.reduce {
             Some((entry, _)) => Some(rt.function(&SOURCE, entry)?),
             None => None,
@@ -396,8 +449,9 @@ pub fn paged_decode_cuda(
     pool: &KvPool,
     q: &Buffer,
     split: SplitKv,
+    keys: KeyLoop,
 ) -> Result<Buffer> {
-    DeviceDecode::new(shape, batch, pool, q, split, 1)?.run()
+    DeviceDecode::new(shape, batch, pool, q, split, keys)?.run()
 }
 
 /// Pool slots (`block · block_size + offset`) of positions `start..start+n` of a sequence.
@@ -496,18 +550,18 @@ pub fn paged_append_cuda(
 pub struct CudaPaged {
     pub block_size: usize,
     pub split: SplitKv,
-    /// Keys per lane group per step (1 or 2): `unroll=2` issues twice the loads at once.
-    pub unroll: usize,
+    /// The kernel's key loop: `unroll=2` issues twice the loads at once, `pipe=1` the
+    /// software-pipelined loop.
+    pub keys: KeyLoop,
 }
 
 impl AttentionKernel for CudaPaged {
     fn name(&self) -> String {
-        let base = variant_name("cuda_paged", self.block_size, self.split);
-        if self.unroll == 1 {
-            base
-        } else {
-            format!("{base},unroll={}", self.unroll)
-        }
+        format!(
+            "{}{}",
+            variant_name("cuda_paged", self.block_size, self.split),
+            self.keys.param()
+        )
     }
 
     fn supports(&self, shape: &AttentionShape, dtype: DType, device: Device) -> Result<()> {
@@ -519,8 +573,8 @@ impl AttentionKernel for CudaPaged {
             &vec![shape.kv_len; shape.batch],
             dtype,
             self.split,
-            self.unroll,
-            132,
+            self.keys,
+            NOMINAL_RESIDENT_BLOCKS,
         )
         .map(|_| ())
     }
@@ -541,7 +595,7 @@ impl AttentionKernel for CudaPaged {
             &pool,
             &inputs.q,
             self.split,
-            self.unroll,
+            self.keys,
         )?)))
     }
 }
@@ -581,8 +635,8 @@ mod tests {
             &[4096, 100],
             DType::F16,
             SplitKv::Off,
-            1,
-            132,
+            KeyLoop::Plain(1),
+            NOMINAL_RESIDENT_BLOCKS,
         )
         .unwrap();
         assert_eq!(p.decode_entry, "paged_decode_d128_f16");
@@ -597,7 +651,15 @@ mod tests {
     #[test]
     fn large_groups_are_cut_into_row_chunks() {
         // MQA, 32 heads × 4 new tokens = 128 rows: 8 warps × 2 rows = 16 per block → 8 chunks.
-        let p = plan_decode(&shape(32, 1, 4), &[64], DType::BF16, SplitKv::Off, 1, 132).unwrap();
+        let p = plan_decode(
+            &shape(32, 1, 4),
+            &[64],
+            DType::BF16,
+            SplitKv::Off,
+            KeyLoop::Plain(1),
+            NOMINAL_RESIDENT_BLOCKS,
+        )
+        .unwrap();
         assert_eq!(p.decode.block.0, 256);
         assert_eq!(p.row_chunks, 8);
         assert_eq!(p.decode.grid.0, 8);
@@ -611,8 +673,8 @@ mod tests {
             &lens,
             DType::F32,
             SplitKv::Tokens(1024),
-            2,
-            132,
+            KeyLoop::Plain(2),
+            NOMINAL_RESIDENT_BLOCKS,
         )
         .unwrap();
         assert_eq!(p.decode_entry, "paged_decode_k2_d128_f32");
@@ -630,51 +692,81 @@ mod tests {
     fn a_window_partitions_only_what_it_reaches() {
         // 4096-token contexts, window 512: the split cuts 512 positions, not 4096.
         let w = shape(8, 8, 1).with_window(Some(512));
-        let p = plan_decode(&w, &[4096, 4096], DType::F16, SplitKv::Tokens(128), 1, 132).unwrap();
+        let p = plan_decode(
+            &w,
+            &[4096, 4096],
+            DType::F16,
+            SplitKv::Tokens(128),
+            KeyLoop::Plain(1),
+            NOMINAL_RESIDENT_BLOCKS,
+        )
+        .unwrap();
         assert_eq!((p.parts, p.part_tokens), (4, 128));
-        let whole = plan_decode(&w, &[4096, 300], DType::F16, SplitKv::Off, 1, 132).unwrap();
+        let whole = plan_decode(
+            &w,
+            &[4096, 300],
+            DType::F16,
+            SplitKv::Off,
+            KeyLoop::Plain(1),
+            NOMINAL_RESIDENT_BLOCKS,
+        )
+        .unwrap();
         assert_eq!((whole.parts, whole.part_tokens), (1, 512));
         assert!(whole.reduce.is_none());
         // A window past every context changes nothing.
         let wide = shape(8, 8, 1).with_window(Some(10_000));
         assert_eq!(
-            plan_decode(&wide, &[4096], DType::F16, SplitKv::Tokens(128), 1, 132).unwrap(),
+            plan_decode(
+                &wide,
+                &[4096],
+                DType::F16,
+                SplitKv::Tokens(128),
+                KeyLoop::Plain(1),
+                NOMINAL_RESIDENT_BLOCKS
+            )
+            .unwrap(),
             plan_decode(
                 &shape(8, 8, 1),
                 &[4096],
                 DType::F16,
                 SplitKv::Tokens(128),
-                1,
-                132
+                KeyLoop::Plain(1),
+                NOMINAL_RESIDENT_BLOCKS
             )
             .unwrap()
         );
     }
 
     #[test]
-    fn auto_split_fills_the_device_but_keeps_partitions_long() {
-        // 1 sequence × 8 KV heads = 8 blocks unsplit; 1056 wanted → 132 partitions of 125,
-        // raised to the 256-token minimum.
-        let t = partition_tokens(SplitKv::Auto, 16_384, 8, 132);
+    fn auto_split_fills_one_wave_but_keeps_partitions_long() {
+        let wave = NOMINAL_RESIDENT_BLOCKS; // 1056
+                                            // 1 sequence × 8 KV heads = 8 blocks unsplit; 132 partitions of 125 would fill the
+                                            // wave, raised to the 256-token minimum.
+        let t = partition_tokens(SplitKv::Auto, 16_384, 8, wave);
         assert_eq!(t, AUTO_MIN_PARTITION);
-        // 8 sequences × 8 KV heads = 64 blocks; 1056 wanted → 17 partitions of 964.
+        // 8 sequences × 8 KV heads = 64 blocks: 16 partitions of 1024 (1024 blocks, one wave;
+        // 17 would make a second wave of 32 blocks).
+        assert_eq!(partition_tokens(SplitKv::Auto, 16_384, 64, wave), 1024);
+        // 32 sequences: 256 blocks, 4 partitions (1024 blocks), not 5 (1280: two waves).
+        assert_eq!(partition_tokens(SplitKv::Auto, 16_384, 256, wave), 4096);
+        // Fewer resident blocks (a kernel that fits 5 per SM): 660 → 10 partitions.
         assert_eq!(
-            partition_tokens(SplitKv::Auto, 16_384, 64, 132),
-            16_384usize.div_ceil(17)
+            partition_tokens(SplitKv::Auto, 16_384, 64, 132 * 5),
+            16_384usize.div_ceil(10)
         );
         // A big batch already fills the device: no split.
         assert_eq!(
-            partition_tokens(SplitKv::Auto, 16_384, 8 * 132, 132),
+            partition_tokens(SplitKv::Auto, 16_384, 8 * 132, wave),
             16_384
         );
         // A short context is not cut below the minimum; one shorter than it stays whole.
         assert_eq!(
-            partition_tokens(SplitKv::Auto, 600, 8, 132),
+            partition_tokens(SplitKv::Auto, 600, 8, wave),
             AUTO_MIN_PARTITION
         );
-        assert_eq!(partition_tokens(SplitKv::Auto, 100, 8, 132), 100);
+        assert_eq!(partition_tokens(SplitKv::Auto, 100, 8, wave), 100);
         assert_eq!(
-            partition_tokens(SplitKv::Auto, 4000, 8, 132),
+            partition_tokens(SplitKv::Auto, 4000, 8, wave),
             AUTO_MIN_PARTITION
         );
     }
@@ -683,9 +775,33 @@ mod tests {
     fn refusals_and_slots() {
         let mut s = shape(8, 8, 1);
         s.head_dim = 80;
-        assert!(plan_decode(&s, &[10], DType::F16, SplitKv::Off, 1, 132).is_err());
-        assert!(plan_decode(&shape(8, 8, 1), &[10], DType::F16, SplitKv::Off, 3, 132).is_err());
-        assert!(plan_decode(&shape(8, 8, 17), &[100], DType::F16, SplitKv::Off, 1, 132).is_err());
+        assert!(plan_decode(
+            &s,
+            &[10],
+            DType::F16,
+            SplitKv::Off,
+            KeyLoop::Plain(1),
+            NOMINAL_RESIDENT_BLOCKS
+        )
+        .is_err());
+        assert!(plan_decode(
+            &shape(8, 8, 1),
+            &[10],
+            DType::F16,
+            SplitKv::Off,
+            KeyLoop::Plain(3),
+            NOMINAL_RESIDENT_BLOCKS
+        )
+        .is_err());
+        assert!(plan_decode(
+            &shape(8, 8, 17),
+            &[100],
+            DType::F16,
+            SplitKv::Off,
+            KeyLoop::Plain(1),
+            NOMINAL_RESIDENT_BLOCKS
+        )
+        .is_err());
         let layout = PoolLayout {
             num_blocks: 8,
             block_size: 4,
@@ -732,7 +848,14 @@ mod tests {
         assert_eq!((a.batch, a.max_blocks, a.block_size), (2, 2, 4));
         assert_eq!((tables, lens), (vec![3, 1, 0, 0], vec![5, 3]));
         let decode = |b: &PagedBatch, p: &KvPool, q: &Buffer| {
-            refused(paged_decode_cuda(&s, b, p, q, SplitKv::Off))
+            refused(paged_decode_cuda(
+                &s,
+                b,
+                p,
+                q,
+                SplitKv::Off,
+                KeyLoop::Plain(1),
+            ))
         };
         let with = |lens: Vec<usize>, tables: Vec<Vec<u32>>| PagedBatch {
             context_lens: lens,
@@ -784,7 +907,14 @@ mod tests {
         assert!(e.contains(&format!("context length {long}")), "{e}");
         // The plan's refusals come before the device too: an unroll of 3, a grid of 70 000
         // one-token partitions.
-        let e = refused(DeviceDecode::new(&s, &batch, &p, &q, SplitKv::Off, 3));
+        let e = refused(DeviceDecode::new(
+            &s,
+            &batch,
+            &p,
+            &q,
+            SplitKv::Off,
+            KeyLoop::Plain(3),
+        ));
         assert!(e.contains("unroll"), "{e}");
         let e = refused(paged_decode_cuda(
             &s,
@@ -792,6 +922,7 @@ mod tests {
             &wide,
             &Buffer::F32(vec![0.0; 4 * 64]),
             SplitKv::Tokens(1),
+            KeyLoop::Plain(1),
         ));
         assert!(e.contains("exceeds the device limits"), "{e}");
     }
