@@ -443,3 +443,27 @@ fn the_documents_cite_only_files_that_exist() {
         "links to files that do not exist: {missing:#?}"
     );
 }
+
+#[test]
+fn a_newer_gpu_run_does_not_replace_a_claims_cpu_evidence() {
+    // The claims cite the newest CPU run of an experiment; a GPU run of the same experiment
+    // (here the committed H200 decode run, copied under a later id) changes no verdict.
+    let dir = TempDir::new("report", "gpu-newer");
+    let results = PathBuf::from(format!("{REPO}/results"));
+    let copy = dir.join("results");
+    copy_results(&results, &copy);
+    let gpu = "flash_vs_paged/20261204T130855Z";
+    let prov = fs::read_to_string(results.join(format!("{gpu}.json"))).unwrap();
+    assert!(prov.contains("\"device\": \"cuda:0\""), "{prov}");
+    for ext in ["csv", "json"] {
+        fs::copy(
+            results.join(format!("{gpu}.{ext}")),
+            copy.join(format!("flash_vs_paged/20991231T000000Z.{ext}")),
+        )
+        .unwrap();
+    }
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    assert_eq!(paper(&results, &a, false).status.code(), Some(0));
+    assert_eq!(paper(&copy, &b, false).status.code(), Some(0));
+    assert_eq!(claim_rows(&a), claim_rows(&b));
+}

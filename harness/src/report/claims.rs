@@ -79,14 +79,22 @@ impl Kind {
     }
 }
 
+fn cpu_device() -> String {
+    "cpu".into()
+}
+
 /// Rows of one run, and the number each gives.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Evidence {
     #[serde(default)]
     pub experiment: String,
-    /// A run id under results/<experiment>/; default: the newest finished run.
+    /// A run id under results/<experiment>/; default: the newest finished run on `device`.
     pub run: Option<String>,
+    /// Where the default run ran: `cpu` (the default) or `cuda` (any GPU). A claim's CPU
+    /// evidence is not replaced by a newer GPU run of the same experiment, nor the reverse.
+    #[serde(default = "cpu_device")]
+    pub device: String,
     /// column = value (`a|b` for either, a trailing `*` for a prefix, `>2` for a bound).
     #[serde(default)]
     pub filter: BTreeMap<String, String>,

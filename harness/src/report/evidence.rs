@@ -9,7 +9,7 @@
 use crate::report::claims::{describe_filter, Evidence, Noise, Ratio, Stat};
 use crate::report::expr::Expr;
 use crate::report::pages::{machine_id, setting};
-use crate::report::table::{key_columns, newest_run_csv, point_of, Table};
+use crate::report::table::{key_columns, point_of, Table};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -82,10 +82,12 @@ fn find_run(
     let dir = results.join(&ev.experiment);
     let csv = match &ev.run {
         Some(id) => dir.join(format!("{id}.csv")),
-        None => newest_run_csv(&dir)
-            .ok()
-            .flatten()
-            .ok_or_else(|| format!("no run of {} in results/ yet", ev.experiment))?,
+        None => newest_run_on(&dir, &ev.device).ok_or_else(|| {
+            format!(
+                "no run of {} on {} in results/ yet",
+                ev.experiment, ev.device
+            )
+        })?,
     };
     let id = csv
         .file_stem()
@@ -116,6 +118,27 @@ fn find_run(
         setting: setting(&prov),
     };
     Ok((csv, prov, run))
+}
+
+/// The newest run under `dir` whose provenance names `device` (`cpu`, or `cuda` for any
+/// `cuda:N`; a provenance without a device is a CPU run's).
+fn newest_run_on(dir: &Path, device: &str) -> Option<PathBuf> {
+    let mut csvs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .filter(|p| !p.to_string_lossy().contains(".shard-"))
+        .collect();
+    csvs.sort();
+    csvs.into_iter().rev().find(|csv| {
+        let ran_on = std::fs::read_to_string(csv.with_extension("json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("device").and_then(|d| d.as_str()).map(String::from))
+            .unwrap_or_else(|| "cpu".into());
+        ran_on.split(':').next() == Some(device)
+    })
 }
 
 /// A provenance number by dotted path (`roofline.read_gbps`).

@@ -80,9 +80,26 @@ pub fn machine_id(v: &Json) -> String {
         c if c.is_empty() => "cores not recorded".to_string(),
         c => format!("{c} vCPUs"),
     };
-    let device = match text(v, "gpu") {
-        g if !g.is_empty() => format!(", {g}"),
-        _ => String::new(),
+    // The GPU: the provenance's `gpu`, or (runs before it was recorded) the device roofline
+    // the run measured on it at its start.
+    let gpu = match text(v, "gpu") {
+        g if g.is_empty() && text(v, "device").starts_with("cuda") => {
+            let roof = v.get("roofline");
+            let field = |k| roof.and_then(|r| r.get(k)).and_then(Json::as_str);
+            match (field("machine"), field("cpu_model")) {
+                (Some(m), Some(name)) if m.starts_with("cuda-") => {
+                    let sms = roof.and_then(|r| r.get("threads")).and_then(Json::as_u64);
+                    sms.map_or(name.to_string(), |n| format!("{name} ({n} SMs)"))
+                }
+                _ => String::new(),
+            }
+        }
+        g => g,
+    };
+    let device = if gpu.is_empty() {
+        String::new()
+    } else {
+        format!(", {gpu}")
     };
     format!(
         "{} · {} · {cores}{device}",
