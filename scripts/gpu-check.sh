@@ -84,6 +84,18 @@ if [ -z "${CUDA_INCLUDE_DIR:-}" ]; then
     done
 fi
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} CUDA_INCLUDE_DIR=${CUDA_INCLUDE_DIR:-}"
+# The repository's commit, for the runs' provenance (gpu-prepare.sh): when HEAD is behind the
+# bundle's commit and the working tree is exactly that commit, HEAD moves to it (the index
+# follows; no file changes). Anywhere else (a checkout ahead of the bundle, edits) nothing moves.
+if [ -f target/gpu/head.bundle ] && git rev-parse -q --verify HEAD >/dev/null 2>&1; then
+    want=$(git bundle list-heads target/gpu/head.bundle 2>/dev/null | awk '$2 == "HEAD" {print $1}')
+    if [ -n "$want" ] && [ "$(git rev-parse HEAD)" != "$want" ] &&
+        git fetch -q target/gpu/head.bundle HEAD 2>/dev/null &&
+        git merge-base --is-ancestor HEAD "$want" && git diff --quiet "$want" -- 2>/dev/null; then
+        git reset -q "$want" && echo "repository: HEAD moved to the bundle's commit $want"
+    fi
+    echo "repository: $(git rev-parse HEAD)$(git diff --quiet HEAD -- || echo ' (dirty)')"
+fi
 export WORKBENCH_PEER_PYTHON="${WORKBENCH_PEER_PYTHON:-$(command -v python3)}"
 RES="$OUT/results"
 mkdir -p "$RES" "$OUT/sanitizer"
