@@ -351,7 +351,8 @@ fn a_dirty_unfinished_or_missing_run_is_marked_or_untested() {
     );
     // A run that is not there: untested, with the reason.
     assert!(
-        claim_row(&out, "C8").contains("**untested** (no run of naive_vs_flash2 in results/ yet"),
+        claim_row(&out, "C8")
+            .contains("**untested** (no run of naive_vs_flash2 on cpu in results/ yet"),
         "{}",
         claim_row(&out, "C8")
     );

@@ -484,7 +484,7 @@ mod tests {
         );
         assert_eq!(
             j.verdict,
-            Verdict::Untested("no run of none in results/ yet".into())
+            Verdict::Untested("no run of none on cpu in results/ yet".into())
         );
     }
 
