@@ -9,7 +9,7 @@
 //! loops these replace ran 10–33× slower than the AVX2 bodies; these run 1.1–2.4× (isa_gemv,
 //! 4096×4096 and 4096×11008, batch 1, 2 threads). The per-row f32 epilogue widens a tile's 16
 //! f16 scales in one vectorised loop (`f16x16`): per-row conversions took half of Q4_0's time
-//! (perf), and in cache Q4_0 went 9.0 → 13.1 GMAC/s, Q4_1 4.6 → 11.1, Q8_0 8.7 → 12.1, Q6_K
+//! (perf), and in cache Q4_0 went 9.0 → 13.1 GMAC/s, Q4_1 4.6–7.2 → 11.1, Q8_0 8.7 → 12.1, Q6_K
 //! 8.5 → 10.7 (`tile_rate`, one thread, AVX-512 machine capped to portable).
 
 use crate::act_q8::Q8Activation;
