@@ -97,13 +97,6 @@ template <> __device__ __forceinline__ void mma16816<bf16>(float* d, const u32* 
 }
 #endif
 
-// 8 consecutive storage elements widened to f32 (16-byte loads for f16/bf16, two for f32).
-__device__ __forceinline__ void load8(const float* p, float* out) {
-    float4 a = *reinterpret_cast<const float4*>(p);
-    float4 b = *reinterpret_cast<const float4*>(p + 4);
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
-}
 // The two 16-bit halves of a register widened to f32 (bit operations: no local memory).
 template <typename H> __device__ __forceinline__ float half_lo(u32 v);
 template <typename H> __device__ __forceinline__ float half_hi(u32 v);
@@ -111,14 +104,6 @@ template <> __device__ __forceinline__ float half_lo<__half>(u32 v) { return __h
 template <> __device__ __forceinline__ float half_hi<__half>(u32 v) { return __half2float(__ushort_as_half((u16)(v >> 16))); }
 template <> __device__ __forceinline__ float half_lo<bf16>(u32 v) { return __uint_as_float(v << 16); }
 template <> __device__ __forceinline__ float half_hi<bf16>(u32 v) { return __uint_as_float(v & 0xffff0000u); }
-
-template <typename H> __device__ __forceinline__ void load8(const H* p, float* out) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    out[0] = half_lo<H>(raw.x); out[1] = half_hi<H>(raw.x);
-    out[2] = half_lo<H>(raw.y); out[3] = half_hi<H>(raw.y);
-    out[4] = half_lo<H>(raw.z); out[5] = half_hi<H>(raw.z);
-    out[6] = half_lo<H>(raw.w); out[7] = half_hi<H>(raw.w);
-}
 
 // 8 consecutive storage elements as loaded (one 16-byte load for f16/bf16, two for f32), to
 // be widened to f32 by widen8 where they are used: loads issued a step ahead hold half the
@@ -145,6 +130,11 @@ template <typename T> __device__ __forceinline__ void widen8(const Raw8<T>& r, f
 template <> __device__ __forceinline__ void widen8<float>(const Raw8<float>& r, float* out) {
     out[0] = r.a.x; out[1] = r.a.y; out[2] = r.a.z; out[3] = r.a.w;
     out[4] = r.b.x; out[5] = r.b.y; out[6] = r.b.z; out[7] = r.b.w;
+}
+// 8 consecutive storage elements widened to f32 at once (16-byte loads for f16/bf16, two for
+// f32).
+template <typename T> __device__ __forceinline__ void load8(const T* p, float* out) {
+    widen8(load_raw8(p), out);
 }
 
 // Four 8×8 matrices of 16-bit values from shared memory in MMA fragment layout (ldmatrix):

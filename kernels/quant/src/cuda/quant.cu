@@ -21,20 +21,13 @@ constexpr int GEMV_MAX_BATCH = 8;
 template <int FMT> struct Fmt;
 template <> struct Fmt<0> {  // f16: part p = halves 8p .. 8p+7, one 16-byte load
     static constexpr int BYTES = 64;
-    struct Raw { uint4 v; };
+    using Raw = Raw8<__half>;
     __device__ static Raw load(const u8* blk, int p) {
         Raw r;
         r.v = reinterpret_cast<const uint4*>(blk)[p];
         return r;
     }
-    __device__ static void decode(const Raw& r, float* w) {
-        const u32 q[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            w[2 * k] = half_lo<__half>(q[k]);
-            w[2 * k + 1] = half_hi<__half>(q[k]);
-        }
-    }
+    __device__ static void decode(const Raw& r, float* w) { widen8(r, w); }
     __device__ static int xoff(int p, int half) { return 8 * p + 4 * half; }
 };
 // A block of an f16 scale then code bytes; part p's N bytes start at byte 2 + N·p.
