@@ -159,7 +159,7 @@ pub struct MergedShard {
 
 /// The GPU a `--device cuda` run ran on, as its device roofline (measured on that device at
 /// the start of the run) names it: "NVIDIA H200 (132 SMs)". None on the CPU.
-fn gpu_of(device: &str, roofline: &Roofline) -> Option<String> {
+pub fn gpu_of(device: &str, roofline: &Roofline) -> Option<String> {
     (device.starts_with("cuda") && roofline.machine.starts_with("cuda-"))
         .then(|| format!("{} ({} SMs)", roofline.cpu_model, roofline.threads))
 }

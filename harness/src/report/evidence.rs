@@ -9,7 +9,7 @@
 use crate::report::claims::{describe_filter, Evidence, Noise, Ratio, Stat};
 use crate::report::expr::Expr;
 use crate::report::pages::{machine_id, setting};
-use crate::report::table::{key_columns, point_of, Table};
+use crate::report::table::{key_columns, point_of, run_csvs, Table};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -123,15 +123,7 @@ fn find_run(
 /// The newest run under `dir` whose provenance names `device` (`cpu`, or `cuda` for any
 /// `cuda:N`; a provenance without a device is a CPU run's).
 fn newest_run_on(dir: &Path, device: &str) -> Option<PathBuf> {
-    let mut csvs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .filter(|p| !p.to_string_lossy().contains(".shard-"))
-        .collect();
-    csvs.sort();
-    csvs.into_iter().rev().find(|csv| {
+    run_csvs(dir).ok()?.into_iter().rev().find(|csv| {
         let ran_on = std::fs::read_to_string(csv.with_extension("json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())

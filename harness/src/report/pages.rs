@@ -5,6 +5,8 @@
 //! and the ISA tiers its runs used), plus the list of every run the findings page ends with.
 
 use crate::error::{HarnessError, Result};
+use crate::provenance::gpu_of;
+use crate::roofline::Roofline;
 use kernel_common::{tolerance, DType};
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
@@ -83,17 +85,11 @@ pub fn machine_id(v: &Json) -> String {
     // The GPU: the provenance's `gpu`, or (runs before it was recorded) the device roofline
     // the run measured on it at its start.
     let gpu = match text(v, "gpu") {
-        g if g.is_empty() && text(v, "device").starts_with("cuda") => {
-            let roof = v.get("roofline");
-            let field = |k| roof.and_then(|r| r.get(k)).and_then(Json::as_str);
-            match (field("machine"), field("cpu_model")) {
-                (Some(m), Some(name)) if m.starts_with("cuda-") => {
-                    let sms = roof.and_then(|r| r.get("threads")).and_then(Json::as_u64);
-                    sms.map_or(name.to_string(), |n| format!("{name} ({n} SMs)"))
-                }
-                _ => String::new(),
-            }
-        }
+        g if g.is_empty() => v
+            .get("roofline")
+            .and_then(|r| serde_json::from_value::<Roofline>(r.clone()).ok())
+            .and_then(|r| gpu_of(&text(v, "device"), &r))
+            .unwrap_or_default(),
         g => g,
     };
     let device = if gpu.is_empty() {

@@ -98,14 +98,22 @@ impl Table {
 
 /// The newest `<run-id>.csv` directly in `dir` (run ids sort by time; shards excluded).
 pub fn newest_run_csv(dir: &Path) -> Result<Option<PathBuf>> {
+    Ok(run_csvs(dir)?.pop())
+}
+
+/// Every `<run-id>.csv` directly in `dir`, oldest first (run ids sort by time; shards
+/// excluded).
+pub fn run_csvs(dir: &Path) -> Result<Vec<PathBuf>> {
     let entries =
         std::fs::read_dir(dir).map_err(HarnessError::io(format!("reading {}", dir.display())))?;
-    Ok(entries
+    let mut csvs: Vec<PathBuf> = entries
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "csv"))
         .filter(|p| !p.to_string_lossy().contains(".shard-"))
-        .max())
+        .collect();
+    csvs.sort();
+    Ok(csvs)
 }
 
 /// Whether `value` is a measured number rather than a coordinate: a float (`0.25`, `inf`),
