@@ -17,7 +17,7 @@ pub fn experts_reference(
     routing: &Routing,
     tokens: &[usize],
 ) -> Vec<f64> {
-    experts_reference_with(cfg, w, x, routing, tokens, |h| h)
+    experts_reference_with(cfg, w, x, routing, tokens, |_| {})
 }
 
 /// As `experts_reference`, with each hidden value h = silu(g)·u rounded to `hidden` (through
@@ -34,7 +34,9 @@ pub fn experts_reference_stored(
     hidden: DType,
 ) -> Vec<f64> {
     experts_reference_with(cfg, w, x, routing, tokens, |h| {
-        kernel_common::Buffer::from_f32(hidden, &[h as f32]).to_f32()[0] as f64
+        let wide: Vec<f32> = h.iter().map(|&v| v as f32).collect();
+        let stored = kernel_common::Buffer::from_f32(hidden, &wide).to_f64();
+        h.copy_from_slice(&stored);
     })
 }
 
@@ -44,7 +46,7 @@ fn experts_reference_with(
     x: &[f32],
     routing: &Routing,
     tokens: &[usize],
-    store_hidden: impl Fn(f64) -> f64,
+    store_hidden: impl Fn(&mut [f64]),
 ) -> Vec<f64> {
     let (d, f) = (cfg.d_model, cfg.d_ff);
     let mut out = Vec::with_capacity(tokens.len() * d);
@@ -60,8 +62,9 @@ fn experts_reference_with(
                     g += xi as f64 * w.w_gate[(e * d + i) * f + j] as f64;
                     u += xi as f64 * w.w_up[(e * d + i) * f + j] as f64;
                 }
-                *hj = store_hidden(g / (1.0 + (-g).exp()) * u);
+                *hj = g / (1.0 + (-g).exp()) * u;
             }
+            store_hidden(&mut h);
             for (c, yc) in y.iter_mut().enumerate() {
                 let s: f64 = h
                     .iter()
