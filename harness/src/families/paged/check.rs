@@ -234,20 +234,21 @@ pub fn check(ctx: &mut Ctx) -> Result<()> {
             } else {
                 "paged_decode"
             };
-            // On CUDA each split under both key loops (the plain one and `pipe=1`).
-            let loops: &[(KeyLoop, &str)] = if cuda {
-                &[(KeyLoop::Plain(1), ""), (KeyLoop::Pipelined, ",pipe=1")]
+            // On CUDA each split under both key loops (the plain one and `pipe=1`), named as
+            // `cuda_paged` names them (`KeyLoop::param`).
+            let loops: &[KeyLoop] = if cuda {
+                &[KeyLoop::Plain(1), KeyLoop::Pipelined]
             } else {
-                &[(KeyLoop::Plain(1), "")]
+                &[KeyLoop::Plain(1)]
             };
             let runs = splits(prefix, spec.seed)
                 .into_iter()
                 .flat_map(|(split, name)| {
-                    loops.iter().map(move |&(keys, tag)| {
-                        let name = match (tag, name.contains(':')) {
-                            ("", _) => name.clone(),
-                            (_, true) => format!("{name}{tag}"),
-                            (_, false) => format!("{name}:{}", &tag[1..]),
+                    loops.iter().map(move |&keys| {
+                        let param = keys.param();
+                        let name = match param.strip_prefix(',') {
+                            Some(p) if !name.contains(':') => format!("{name}:{p}"),
+                            _ => format!("{name}{param}"),
                         };
                         (split, keys, name)
                     })
