@@ -324,16 +324,33 @@ fn code_offset(format: WeightFormat) -> i32 {
 /// per whole tile read a `ffn_down` tile (44 KB of Q4_0 at 4864 columns) from L2 again per
 /// pass: Qwen2.5-0.5B's batch 16 at AVX2 (4 passes) decoded slower than batch 8.
 fn run_tiles(w: &PackedMatrix, acts: &Acts, batch: usize, y: &mut [f32], isa: Isa) {
+    // A decode or verification step's few activations take a task's sums of 8 (512 bytes
+    // made zero per task, not SPAN's 4 KB: a 49152-row output layer has 1536 tasks).
+    if batch <= SMALL_SPAN {
+        run_tiles_in::<SMALL_SPAN>(w, acts, batch, y, isa)
+    } else {
+        run_tiles_in::<SPAN>(w, acts, batch, y, isa)
+    }
+}
+
+/// `run_tiles` with the sums of up to `S` activations a task (S: a multiple of every pass).
+fn run_tiles_in<const S: usize>(
+    w: &PackedMatrix,
+    acts: &Acts,
+    batch: usize,
+    y: &mut [f32],
+    isa: Isa,
+) {
     let tiles = w.tiles();
     let out = SharedOut(y.as_mut_ptr(), y.len());
     let pass = pass(w.format, isa);
     team::parallel_for(tiles.div_ceil(TASK_TILES), |task| {
         let out = &out;
-        let mut sums = [[0.0f32; TILE]; SPAN];
+        let mut sums = [[0.0f32; TILE]; S];
         for t in task * TASK_TILES..((task + 1) * TASK_TILES).min(tiles) {
             let rows = TILE.min(w.rows - t * TILE);
-            for s0 in (0..batch).step_by(SPAN) {
-                let span = SPAN.min(batch - s0);
+            for s0 in (0..batch).step_by(S) {
+                let span = S.min(batch - s0);
                 let sums = &mut sums[..span];
                 sums.fill([0.0; TILE]);
                 match acts {
@@ -409,6 +426,10 @@ fn run_tiles(w: &PackedMatrix, acts: &Acts, batch: usize, y: &mut [f32], isa: Is
 
 /// Most activations whose sums a task holds for one tile (a multiple of every pass size).
 const SPAN: usize = 64;
+
+/// The sums a task holds when a call has at most this many activations (a multiple of every
+/// pass size).
+const SMALL_SPAN: usize = 8;
 
 /// Code and scale bytes of one piece of a tile in a multi-pass product: small enough to stay
 /// in L1 beside a pass's activations.
