@@ -161,6 +161,10 @@ pub fn exp_f32(x: f32) -> f32 {
 }
 
 /// x[i] ← e^(x[i] − shift), returning Σ of the results (the softmax denominator update).
+/// Element i is added into lane i mod LANES, the tail's too, so values appended after the
+/// last one that are −∞ (e^−∞ = 0) leave the sum's bits unchanged: a score row masked past a
+/// query's last key sums as the same row cut there (what lets one multi-token paged decode
+/// call give each row its own decode step's bits).
 #[inline(always)]
 pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let mut acc = [0.0f32; LANES];
@@ -171,12 +175,11 @@ pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
             acc[l] += blk[l];
         }
     }
-    let mut tail = 0.0;
-    for v in chunks.into_remainder() {
+    for (l, v) in chunks.into_remainder().iter_mut().enumerate() {
         *v = exp_f32(*v - shift);
-        tail += *v;
+        acc[l] += *v;
     }
-    hsum(&acc) + tail
+    hsum(&acc)
 }
 
 #[cfg(test)]
@@ -220,6 +223,22 @@ mod tests {
         let s = exp_shifted_sum(&mut v, 1.0);
         assert!((s - (1.0 + (-1.0f32).exp())).abs() < 1e-6);
         assert_eq!(v[1], 0.0);
+    }
+
+    #[test]
+    fn exp_shifted_sum_ignores_trailing_minus_infinities_to_the_bit() {
+        // Every length, every number of −∞ appended (0 included): the same bits as the row
+        // cut before them. A scalar tail summed apart from the lanes failed this.
+        for n in 1..=40usize {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.71).sin() * 3.0).collect();
+            let want = exp_shifted_sum(&mut x.clone(), 0.4);
+            for extra in 1..=2 * LANES {
+                let mut padded = x.clone();
+                padded.resize(n + extra, f32::NEG_INFINITY);
+                let got = exp_shifted_sum(&mut padded, 0.4);
+                assert_eq!(got.to_bits(), want.to_bits(), "n {n} + {extra} masked");
+            }
+        }
     }
 
     #[test]

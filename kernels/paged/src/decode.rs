@@ -16,7 +16,7 @@
 
 use crate::cache::KvCache;
 use crate::coded_rows::CodedRows;
-pub use crate::decode_shape::{PagedDecodeShape, SplitKv, MAX_Q_LEN};
+pub use crate::decode_shape::{shared_call_is_exact, PagedDecodeShape, SplitKv, MAX_Q_LEN};
 use crate::pool::{KvPool, PagedBatch};
 use crate::view::{Run, Source};
 use kernel_attention::cpu::gemm::widen;
@@ -470,14 +470,7 @@ fn decode_typed<T: Element>(
     let items: Vec<(usize, usize, usize)> = (0..tasks)
         .flat_map(|task| {
             let seen = shape.visible_range(batch.context_lens[task / shape.kv_heads]);
-            let part = split.partition_tokens(seen.len());
-            (0..seen.len().div_ceil(part)).map(move |p| {
-                (
-                    task,
-                    seen.start + p * part,
-                    (seen.start + (p + 1) * part).min(seen.end),
-                )
-            })
+            split.partitions(seen).map(move |p| (task, p.start, p.end))
         })
         .collect();
     let item_state = |&(task, t0, t1): &(usize, usize, usize)| -> Acc {
@@ -687,10 +680,13 @@ mod tests {
         assert!((64..100_000).contains(&auto));
         assert_eq!(SplitKv::Auto.partition_tokens(40), 40);
         assert!((64..=300).contains(&SplitKv::Auto.partition_tokens(300)));
-        // By the context alone: 4 parts, none under 64 tokens, whatever the thread count.
+        // By the context alone: at most 4 parts of whole 64-token units, whatever the thread
+        // count.
         assert_eq!(SplitKv::parse("ctx").unwrap(), SplitKv::Context);
-        assert_eq!(SplitKv::Context.partition_tokens(1907), 477);
-        assert_eq!(SplitKv::Context.partition_tokens(300), 75);
+        assert_eq!(SplitKv::Context.partition_tokens(1907), 512);
+        assert_eq!(SplitKv::Context.partition_tokens(300), 128);
+        assert_eq!(SplitKv::Context.partition_tokens(256), 64);
+        assert_eq!(SplitKv::Context.partition_tokens(257), 128);
         assert_eq!(SplitKv::Context.partition_tokens(200), 64);
         assert_eq!(SplitKv::Context.partition_tokens(40), 40);
         let on_one = rayon::ThreadPoolBuilder::new()

@@ -110,13 +110,13 @@ impl PagedDecodeShape {
 pub enum SplitKv {
     /// One task per (sequence, KV head).
     Off,
-    /// About two partitions per thread for each sequence, none shorter than 64 tokens (so a
+    /// About two partitions per thread for each sequence, in whole units of 64 tokens (so a
     /// decode step of one sequence with few KV heads still keeps every thread busy).
     Auto,
     /// Partitions of this many tokens.
     Tokens(usize),
-    /// Partitions from the context length alone: `CONTEXT_PARTS` of them, none shorter than
-    /// 64 tokens. Like `Tokens` it never looks at the thread count, so a sequence's output is
+    /// Partitions from the context length alone: at most `CONTEXT_PARTS` of them, in whole
+    /// units of 64 tokens. Like `Tokens` it never looks at the thread count, so a sequence's output is
     /// bit-identical on 1 or N threads; unlike it, long contexts still split into few parts.
     Context,
 }
@@ -141,15 +141,55 @@ impl SplitKv {
     /// itself = unsplit; the whole context, or the window's reach). It depends on the
     /// sequence alone, never on its batch neighbours, so a sequence's output
     /// is bit-identical whatever it is batched with.
+    /// `Auto` and `Context` cut whole units of `AUTO_MIN_PARTITION` tokens, so neighbouring
+    /// context lengths share their partitions (a verification pass's rows, each a decode step
+    /// one position on, then read the context in one call: `shared_call_is_exact`).
     pub fn partition_tokens(&self, ctx: usize) -> usize {
+        let unit = |t: usize| t.max(1).next_multiple_of(AUTO_MIN_PARTITION);
         let tokens = match *self {
             SplitKv::Off => ctx,
             SplitKv::Tokens(n) => n,
-            SplitKv::Auto => ctx
-                .div_ceil(2 * rayon::current_num_threads())
-                .max(AUTO_MIN_PARTITION),
-            SplitKv::Context => ctx.div_ceil(CONTEXT_PARTS).max(AUTO_MIN_PARTITION),
+            SplitKv::Auto => unit(ctx.div_ceil(2 * rayon::current_num_threads())),
+            SplitKv::Context => unit(ctx.div_ceil(CONTEXT_PARTS)),
         };
         tokens.clamp(1, ctx.max(1))
     }
+
+    /// The partitions of the positions `seen` (a sequence's visible range): consecutive
+    /// ranges of `partition_tokens(seen.len())`, the last one shorter; none when it is empty.
+    pub fn partitions(&self, seen: Range<usize>) -> impl Iterator<Item = Range<usize>> {
+        let part = self.partition_tokens(seen.len());
+        (seen.start..seen.end)
+            .step_by(part)
+            .map(move |t0| t0..(t0 + part).min(seen.end))
+    }
+}
+
+/// Whether one decode call of `shape` (q_len = k new tokens) on a sequence of `ctx` tokens
+/// gives each of its k rows the bits of the decode step at that row's position (q_len 1 on
+/// the first ctx − k + 1 + r tokens), as a verification pass needs. The kernel scores a row
+/// chunk by chunk from its partitions' starts and masks keys past the row's own position
+/// (their weights are exactly 0, and `exp_shifted_sum` adds a masked tail into the lanes its
+/// keys would take), so the bits agree when each row's own partitions are the call's
+/// partitions it reaches, cut at its last key: same starts (so the same window start and
+/// chunk boundaries), same ends before its last key. That holds for `Off` and `Tokens`
+/// always, for `Context` and `Auto` except where the k contexts straddle a 64-token unit of
+/// their partition size, and under a sliding window while every row's window reaches
+/// position 0. V rows past a row's position are read and weighted by 0, so they must be
+/// finite (in a verification pass they are the pass's own tokens).
+pub fn shared_call_is_exact(shape: &PagedDecodeShape, ctx: usize, split: SplitKv) -> bool {
+    let k = shape.q_len;
+    if k == 0 || ctx < k {
+        return false;
+    }
+    let shared: Vec<Range<usize>> = split.partitions(shape.visible_range(ctx)).collect();
+    let one = PagedDecodeShape { q_len: 1, ..*shape };
+    (0..k).all(|r| {
+        let ctx_r = ctx - k + 1 + r;
+        let cut = shared
+            .iter()
+            .filter(|p| p.start < ctx_r)
+            .map(|p| p.start..p.end.min(ctx_r));
+        split.partitions(one.visible_range(ctx_r)).eq(cut)
+    })
 }

@@ -43,8 +43,8 @@ pub use adapter::PagedAttention;
 pub use cache::KvCache;
 pub use cases::{CacheCase, CacheCaseSpec, PagedCase, PagedCaseSpec};
 pub use decode::{
-    paged_decode, paged_decode_cache, paged_decode_cache_remapped, PagedDecodeShape, RemappedTail,
-    SplitKv, MAX_Q_LEN,
+    paged_decode, paged_decode_cache, paged_decode_cache_remapped, shared_call_is_exact,
+    PagedDecodeShape, RemappedTail, SplitKv, MAX_Q_LEN,
 };
 pub use kv_format::{BlockFormat, KvCacheFormat, ScaleScope};
 pub use pool::{append, KvPool, PagedBatch, PoolLayout, MAX_BLOCK_SIZE};

@@ -2,12 +2,15 @@
 //! a node whose path lies at scattered slots gets the same bits as plain decode of the same
 //! keys laid out at their own positions — for random trees, contexts on and off block
 //! boundaries, shuffled physical blocks, windows, soft-caps, every split policy, f32 and f16
-//! caches, at every ISA tier this machine runs. Bad tails are errors, not panics.
+//! caches, at every ISA tier this machine runs. Bad tails are errors, not panics. And a
+//! chain's k rows scored by one multi-token call (`q_len` = k) get the bits of their k decode
+//! steps wherever `shared_call_is_exact` says so, which it does for the cases a verification
+//! pass meets (no window, or one that reaches position 0; contexts inside one partition unit).
 
 use kernel_common::inputs::{normal_f32, rng};
 use kernel_paged::{
-    paged_decode_cache, paged_decode_cache_remapped, KvCache, KvCacheFormat, PagedBatch,
-    PagedDecodeShape, PoolLayout, RemappedTail, SplitKv,
+    paged_decode_cache, paged_decode_cache_remapped, shared_call_is_exact, KvCache, KvCacheFormat,
+    PagedBatch, PagedDecodeShape, PoolLayout, RemappedTail, SplitKv,
 };
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -221,4 +224,149 @@ fn bad_tails_are_errors() {
     assert!(!run(&shape, &[tail(6, vec![6, 40])]).is_empty());
     let two = PagedDecodeShape { q_len: 2, ..shape };
     assert!(run(&two, &[tail(6, vec![6, 7])]).contains("one query token"));
+}
+
+/// One call over a chain of `k` new tokens after `start` against each row's own decode step
+/// (q_len 1 on its first start + r + 1 positions), for every split and tier; returns how many
+/// (split, k) pairs `shared_call_is_exact` accepted (those must match to the bit).
+#[allow(clippy::too_many_arguments)]
+fn check_shared(
+    seed: u64,
+    start: usize,
+    bs: usize,
+    d: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    format: &str,
+) -> usize {
+    let mut r = rng(seed);
+    let per = KV_HEADS * d;
+    let kmax = kernel_paged::MAX_Q_LEN;
+    let total = start + kmax;
+    let blocks = total.div_ceil(bs) + 1;
+    let layout = PoolLayout {
+        num_blocks: blocks,
+        block_size: bs,
+        kv_heads: KV_HEADS,
+        head_dim: d,
+    };
+    let mut table: Vec<u32> = (0..blocks as u32).collect();
+    table.shuffle(&mut r);
+    let k = normal_f32(&mut r, total * per, 1.0);
+    let v = normal_f32(&mut r, total * per, 1.0);
+    let cache = cache_with(layout, format, &table, &k, &v);
+    let one = PagedDecodeShape {
+        q_heads: KV_HEADS * GROUP,
+        kv_heads: KV_HEADS,
+        head_dim: d,
+        q_len: 1,
+        scale: 1.0 / (d as f32).sqrt(),
+        window,
+        softcap,
+    };
+    let qd = one.q_heads * d;
+    let mut exact = 0;
+    for kk in [2, 3, 5, 8, 13, kmax] {
+        let shape = PagedDecodeShape { q_len: kk, ..one };
+        let ctx = start + kk;
+        // Row r of token t: q laid out [q_heads, k, d] for the call, [q_heads, d] per step.
+        let q = normal_f32(&mut r, kk * qd, 1.0);
+        let batch = |ctx: usize| PagedBatch {
+            context_lens: vec![ctx],
+            block_tables: vec![table.clone()],
+        };
+        for split in [
+            SplitKv::Off,
+            SplitKv::Context,
+            SplitKv::Tokens(7),
+            SplitKv::Tokens(64),
+            SplitKv::Auto,
+        ] {
+            if !shared_call_is_exact(&shape, ctx, split) {
+                continue;
+            }
+            exact += 1;
+            for isa in kernel_cpu::isa::runnable() {
+                let run = |shape: &PagedDecodeShape, ctx: usize, q: &[f32]| {
+                    kernel_cpu::isa::with_isa(isa, || {
+                        let mut out = vec![f32::NAN; q.len()];
+                        paged_decode_cache(shape, &batch(ctx), &cache, q, &mut out, split).unwrap();
+                        out
+                    })
+                    .unwrap()
+                };
+                let got = run(&shape, ctx, &q);
+                for t in 0..kk {
+                    let qt: Vec<f32> = (0..one.q_heads)
+                        .flat_map(|h| q[(h * kk + t) * d..(h * kk + t + 1) * d].to_vec())
+                        .collect();
+                    let want = run(&one, start + t + 1, &qt);
+                    for h in 0..one.q_heads {
+                        let g = &got[(h * kk + t) * d..(h * kk + t + 1) * d];
+                        let w = &want[h * d..(h + 1) * d];
+                        assert!(
+                            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "seed {seed} start {start} k {kk} bs {bs} d {d} {window:?} \
+                             {softcap:?} {format} {split:?} {isa}: token {t} head {h} differs \
+                             from its decode step"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    exact
+}
+
+#[test]
+fn a_chains_rows_in_one_call_get_the_bits_of_their_decode_steps() {
+    // start, block size, head_dim, window, soft-cap, cache format.
+    type ChainCase = (
+        usize,
+        usize,
+        usize,
+        Option<usize>,
+        Option<f32>,
+        &'static str,
+    );
+    let cases: &[ChainCase] = &[
+        (0, 4, 64, None, None, "f32"),
+        (1, 16, 64, None, None, "f32"),
+        (63, 16, 40, None, Some(30.0), "f32"),
+        (64, 3, 64, None, None, "f32"),
+        (121, 16, 72, None, None, "f32"),
+        (300, 16, 64, None, None, "f32"),
+        (700, 16, 64, Some(4096), Some(8.0), "f32"),
+        (250, 1, 64, None, None, "f32"),
+        (97, 16, 64, None, None, "f16"),
+        (40, 16, 64, Some(20), None, "f32"),
+    ];
+    for (seed, &(start, bs, d, window, softcap, format)) in cases.iter().enumerate() {
+        let exact = check_shared(seed as u64, start, bs, d, window, softcap, format);
+        // Off and the token counts never depend on the row; a window that cuts the context
+        // (the last case) makes every multi-row call inexact.
+        let least = if window.is_some_and(|w| w < start) {
+            0
+        } else {
+            18
+        };
+        assert!(
+            exact >= least,
+            "start {start}: {exact} exact (split, k) pairs"
+        );
+    }
+    // Where the k contexts straddle a 64-token unit of the context split, the call is
+    // refused (300/4 → 128 tokens, 257/4 → 128 but 256/4 → 64).
+    let shape = |k: usize| PagedDecodeShape {
+        q_heads: 6,
+        kv_heads: 2,
+        head_dim: 64,
+        q_len: k,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+    };
+    assert!(!shared_call_is_exact(&shape(4), 258, SplitKv::Context));
+    assert!(shared_call_is_exact(&shape(4), 300, SplitKv::Context));
+    assert!(shared_call_is_exact(&shape(8), 72, SplitKv::Context));
 }

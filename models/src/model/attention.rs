@@ -1,8 +1,10 @@
 //! The attention of one layer over the paged KV cache, for a batch of chunks: verification
-//! chunks (draft trees, SpecInfer; draft chains: `SeqChunk::verify`) row by row as the decode
-//! steps at their positions under paged attention (remapped paged decode, bit-identical to
-//! plain decoding), or draft trees by tree attention under a contiguous `--attention`;
-//! paged decode on the pool for other chunks of ≤ 16 tokens
+//! chunks (draft trees, SpecInfer; draft chains: `SeqChunk::verify`) scored with the bits of
+//! the decode steps at their positions under paged attention — a chain of ≤ 16 tokens in one
+//! multi-token paged decode call where `shared_call_is_exact` says its rows then get those
+//! bits (the context read once for all rows), otherwise row by row (remapped paged decode) —
+//! or draft trees by tree attention under a contiguous `--attention`; paged decode on the
+//! pool for other chunks of ≤ 16 tokens
 //! (vLLM PagedAttention), or a contiguous kernel on K/V gathered from the cache (prompts, and
 //! every chunk under a contiguous `--attention`), at the model's scale (1/√head_dim, or the
 //! architecture's: Gemma's query_pre_attn_scalar), within the layer's sliding window (a query
@@ -15,8 +17,8 @@ use crate::model::llama::{AttentionChoice, Llama, Result};
 use kernel_attention::{AttentionInputs, AttentionShape};
 use kernel_common::{Buffer, DType, Device, KernelError};
 use kernel_paged::{
-    paged_decode_cache, paged_decode_cache_remapped, PagedBatch, PagedDecodeShape, RemappedTail,
-    SplitKv, MAX_Q_LEN,
+    paged_decode_cache, paged_decode_cache_remapped, shared_call_is_exact, PagedBatch,
+    PagedDecodeShape, RemappedTail, SplitKv, MAX_Q_LEN,
 };
 use kernel_speculative::{tree_attention, TreeAttnShape, TreeContext};
 
@@ -40,7 +42,7 @@ impl Llama {
         if let AttentionChoice::Paged(split) = self.attention {
             self.verified_rows_as_decode_steps(kv, li, chunks, offsets, q, split, &mut attn)?;
             for (d, c) in done.iter_mut().zip(chunks) {
-                *d |= verified_row_by_row(c);
+                *d |= self.verified_row_by_row(li, c, split);
             }
         }
         for (i, c) in chunks.iter().enumerate() {
@@ -97,15 +99,7 @@ impl Llama {
                     context_lens: group.iter().map(|&i| chunks[i].start + q_len).collect(),
                     block_tables: group.iter().map(|&i| chunks[i].table.to_vec()).collect(),
                 };
-                let shape = PagedDecodeShape {
-                    q_heads: heads,
-                    kv_heads: cfg.kv_heads,
-                    head_dim: hd,
-                    q_len,
-                    scale,
-                    window,
-                    softcap,
-                };
+                let shape = self.paged_shape(li, q_len);
                 let mut out = vec![f32::NAN; qh.len()];
                 paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;
                 for (s, &i) in group.iter().enumerate() {
@@ -191,7 +185,7 @@ impl Llama {
         };
         let (mut tails, mut rows) = (vec![], vec![]);
         for (i, c) in chunks.iter().enumerate() {
-            if !verified_row_by_row(c) {
+            if !self.verified_row_by_row(li, c, split) {
                 continue;
             }
             for r in 0..c.tokens.len() {
@@ -223,15 +217,7 @@ impl Llama {
         for &r in &rows {
             qn.extend_from_slice(&q[r * qd..(r + 1) * qd]);
         }
-        let shape = PagedDecodeShape {
-            q_heads: cfg.heads,
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
-            q_len: 1,
-            scale: cfg.attn_scale(),
-            window: self.layers[li].window,
-            softcap: cfg.blocks.attn_softcap,
-        };
+        let shape = self.paged_shape(li, 1);
         let mut out = vec![f32::NAN; qn.len()];
         paged_decode_cache_remapped(&shape, &batch, &tails, &kv.layers[li], &qn, &mut out, split)?;
         for (s, &r) in rows.iter().enumerate() {
@@ -239,11 +225,32 @@ impl Llama {
         }
         Ok(())
     }
-}
 
-/// Chunks whose rows paged attention scores one at a time as decode steps: draft trees, and
-/// verification passes of several tokens (the engine's draft chains, the speculative cost
-/// measurements).
-fn verified_row_by_row(c: &SeqChunk) -> bool {
-    c.tree.is_some() || (c.verify && c.tokens.len() > 1)
+    /// The query side of layer `li`'s paged decode calls with `q_len` new tokens per sequence.
+    fn paged_shape(&self, li: usize, q_len: usize) -> PagedDecodeShape {
+        let cfg = &self.cfg;
+        PagedDecodeShape {
+            q_heads: cfg.heads,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            q_len,
+            scale: cfg.attn_scale(),
+            window: self.layers[li].window,
+            softcap: cfg.blocks.attn_softcap,
+        }
+    }
+
+    /// Chunks whose rows paged attention scores one at a time as decode steps: draft trees,
+    /// and verification passes of several tokens (the engine's draft chains, the speculative
+    /// cost measurements) except a chain of ≤ `MAX_Q_LEN` tokens that one multi-token call
+    /// scores with each row's decode bits (`shared_call_is_exact`: the usual case; not where
+    /// the rows' contexts straddle a partition unit or a sliding window cuts them).
+    fn verified_row_by_row(&self, li: usize, c: &SeqChunk, split: SplitKv) -> bool {
+        let n = c.tokens.len();
+        c.tree.is_some()
+            || (c.verify
+                && n > 1
+                && !(n <= MAX_Q_LEN
+                    && shared_call_is_exact(&self.paged_shape(li, n), c.start + n, split)))
+    }
 }
