@@ -1,8 +1,8 @@
 //! The attention of one layer over the paged KV cache, for a batch of chunks: verification
 //! chunks (draft trees, SpecInfer; draft chains: `SeqChunk::verify`) scored with the bits of
-//! the decode steps at their positions under paged attention — a chain of ≤ 16 tokens in one
-//! multi-token paged decode call where `shared_call_is_exact` says its rows then get those
-//! bits (the context read once for all rows), otherwise row by row (remapped paged decode) —
+//! the decode steps at their positions under paged attention — a chain in multi-token paged
+//! decode calls of ≤ 16 rows where `shared_call_is_exact` says its rows then get those bits
+//! (the context read once for a call's rows), otherwise row by row (remapped paged decode) —
 //! or draft trees by tree attention under a contiguous `--attention`; paged decode on the
 //! pool for other chunks of ≤ 16 tokens
 //! (vLLM PagedAttention), or a contiguous kernel on K/V gathered from the cache (prompts, and
@@ -77,41 +77,65 @@ impl Llama {
             done[i] = true;
         }
         if let AttentionChoice::Paged(split) = self.attention {
-            // One paged decode call per distinct chunk length ≤ MAX_Q_LEN.
+            // One paged decode call per distinct piece length: a piece is a chunk of
+            // ≤ MAX_Q_LEN tokens, or MAX_Q_LEN tokens of a longer verified chain (its rows are
+            // decode steps, so a piece stands for itself: `verified_row_by_row`).
+            let pieces: Vec<(usize, std::ops::Range<usize>)> = (0..chunks.len())
+                .filter(|&i| !done[i])
+                .flat_map(|i| {
+                    let n = chunks[i].tokens.len();
+                    let cut = if n <= MAX_Q_LEN || chunks[i].verify {
+                        n
+                    } else {
+                        0
+                    };
+                    chain_pieces(cut).map(move |p| (i, p))
+                })
+                .collect();
             for q_len in 1..=MAX_Q_LEN {
-                let group: Vec<usize> = (0..chunks.len())
-                    .filter(|&i| !done[i] && chunks[i].tokens.len() == q_len)
+                let group: Vec<(usize, usize)> = pieces
+                    .iter()
+                    .filter(|(_, p)| p.len() == q_len)
+                    .map(|(i, p)| (*i, p.start))
                     .collect();
                 if group.is_empty() {
                     continue;
                 }
                 let mut qh = vec![0.0f32; group.len() * qd * q_len];
-                for (s, &i) in group.iter().enumerate() {
+                for (s, &(i, first)) in group.iter().enumerate() {
                     for r in 0..q_len {
                         for h in 0..heads {
-                            let src = (offsets[i] + r) * qd + h * hd;
+                            let src = (offsets[i] + first + r) * qd + h * hd;
                             let dst = ((s * heads + h) * q_len + r) * hd;
                             qh[dst..dst + hd].copy_from_slice(&q[src..src + hd]);
                         }
                     }
                 }
                 let batch = PagedBatch {
-                    context_lens: group.iter().map(|&i| chunks[i].start + q_len).collect(),
-                    block_tables: group.iter().map(|&i| chunks[i].table.to_vec()).collect(),
+                    context_lens: group
+                        .iter()
+                        .map(|&(i, first)| chunks[i].start + first + q_len)
+                        .collect(),
+                    block_tables: group
+                        .iter()
+                        .map(|&(i, _)| chunks[i].table.to_vec())
+                        .collect(),
                 };
                 let shape = self.paged_shape(li, q_len);
                 let mut out = vec![f32::NAN; qh.len()];
                 paged_decode_cache(&shape, &batch, &kv.layers[li], &qh, &mut out, split)?;
-                for (s, &i) in group.iter().enumerate() {
+                for (s, &(i, first)) in group.iter().enumerate() {
                     for r in 0..q_len {
                         for h in 0..heads {
                             let src = ((s * heads + h) * q_len + r) * hd;
-                            let dst = (offsets[i] + r) * qd + h * hd;
+                            let dst = (offsets[i] + first + r) * qd + h * hd;
                             attn[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
                         }
                     }
-                    done[i] = true;
                 }
+            }
+            for (i, _) in pieces {
+                done[i] = true;
             }
         }
         for (i, c) in chunks.iter().enumerate().filter(|(i, _)| !done[*i]) {
@@ -242,15 +266,24 @@ impl Llama {
 
     /// Chunks whose rows paged attention scores one at a time as decode steps: draft trees,
     /// and verification passes of several tokens (the engine's draft chains, the speculative
-    /// cost measurements) except a chain of ≤ `MAX_Q_LEN` tokens that one multi-token call
-    /// scores with each row's decode bits (`shared_call_is_exact`: the usual case; not where
-    /// the rows' contexts straddle a partition unit or a sliding window cuts them).
+    /// cost measurements) except a chain whose pieces of ≤ `MAX_Q_LEN` tokens one multi-token
+    /// call each scores with every row's decode bits (`shared_call_is_exact`: the usual case;
+    /// not where a piece's contexts straddle a partition unit or a sliding window cuts them).
     fn verified_row_by_row(&self, li: usize, c: &SeqChunk, split: SplitKv) -> bool {
         let n = c.tokens.len();
         c.tree.is_some()
             || (c.verify
                 && n > 1
-                && !(n <= MAX_Q_LEN
-                    && shared_call_is_exact(&self.paged_shape(li, n), c.start + n, split)))
+                && !chain_pieces(n).all(|p| {
+                    let shape = self.paged_shape(li, p.len());
+                    shared_call_is_exact(&shape, c.start + p.end, split)
+                }))
     }
+}
+
+/// The pieces of ≤ `MAX_Q_LEN` rows a chain of `n` tokens is scored in by multi-token calls.
+fn chain_pieces(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n)
+        .step_by(MAX_Q_LEN)
+        .map(move |p| p..(p + MAX_Q_LEN).min(n))
 }
