@@ -51,8 +51,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Attention variant: naive, flash2 (K/V gathered from the cache), or paged (decode
-    /// straight on the block pool, each sequence's context split in 4 partitions of ≥ 64
-    /// tokens, so the logits are the same bits on any --threads; split=auto sizes them by the
+    /// straight on the block pool, each sequence's context split in at most 4 partitions of
+    /// whole 64-token units, so the logits are the same bits on any --threads; a verification
+    /// pass's chain reads the context once per 16 rows with each row's decode bits;
+    /// split=auto sizes them by the
     /// thread count instead, split=N takes N tokens, split=off none; prompt chunks above 16
     /// tokens go through flash2), with parameters, e.g. flash2:br=32 or paged:split=off.
     #[arg(long, default_value = "paged")]
