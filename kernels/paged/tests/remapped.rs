@@ -44,6 +44,44 @@ fn cache_with(layout: PoolLayout, format: &str, table: &[u32], k: &[f32], v: &[f
     c
 }
 
+/// A pool of `total` random K/V positions (every KV head, head size `d`) written in `format`
+/// through a shuffled block table of blocks of `bs`: its layout, table, K and V rows
+/// (`[positions, kv_heads · d]`) and the cache.
+fn random_cache(
+    r: &mut rand::rngs::StdRng,
+    total: usize,
+    bs: usize,
+    d: usize,
+    format: &str,
+) -> (PoolLayout, Vec<u32>, Vec<f32>, Vec<f32>, KvCache) {
+    let blocks = total.div_ceil(bs) + 2;
+    let layout = PoolLayout {
+        num_blocks: blocks,
+        block_size: bs,
+        kv_heads: KV_HEADS,
+        head_dim: d,
+    };
+    let mut table: Vec<u32> = (0..blocks as u32).collect();
+    table.shuffle(r);
+    let k = normal_f32(r, total * KV_HEADS * d, 1.0);
+    let v = normal_f32(r, total * KV_HEADS * d, 1.0);
+    let cache = cache_with(layout, format, &table, &k, &v);
+    (layout, table, k, v, cache)
+}
+
+/// The decode shape of one new token per sequence: GROUP query heads per KV head.
+fn one_token(d: usize, window: Option<usize>, softcap: Option<f32>) -> PagedDecodeShape {
+    PagedDecodeShape {
+        q_heads: KV_HEADS * GROUP,
+        kv_heads: KV_HEADS,
+        head_dim: d,
+        q_len: 1,
+        scale: 1.0 / (d as f32).sqrt(),
+        window,
+        softcap,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn check(
     seed: u64,
@@ -58,29 +96,9 @@ fn check(
     let mut r = rng(seed);
     let per = KV_HEADS * d;
     let parent = random_tree(&mut r, nodes);
-    let total = ctx + nodes;
-    let blocks = total.div_ceil(bs) + 2;
-    let layout = PoolLayout {
-        num_blocks: blocks,
-        block_size: bs,
-        kv_heads: KV_HEADS,
-        head_dim: d,
-    };
-    let mut table: Vec<u32> = (0..blocks as u32).collect();
-    table.shuffle(&mut r);
-    let k = normal_f32(&mut r, total * per, 1.0);
-    let v = normal_f32(&mut r, total * per, 1.0);
     // The tree layout: context at 0..ctx, node j at ctx + j.
-    let tree_cache = cache_with(layout, format, &table, &k, &v);
-    let shape = PagedDecodeShape {
-        q_heads: KV_HEADS * GROUP,
-        kv_heads: KV_HEADS,
-        head_dim: d,
-        q_len: 1,
-        scale: 1.0 / (d as f32).sqrt(),
-        window,
-        softcap,
-    };
+    let (layout, table, k, v, tree_cache) = random_cache(&mut r, ctx + nodes, bs, d, format);
+    let shape = one_token(d, window, softcap);
     let q = normal_f32(&mut r, nodes * shape.q_heads * d, 1.0);
     let paths: Vec<Vec<usize>> = (0..nodes).map(|i| path_to(&parent, i)).collect();
     let batch = PagedBatch {
@@ -240,30 +258,9 @@ fn check_shared(
     format: &str,
 ) -> usize {
     let mut r = rng(seed);
-    let per = KV_HEADS * d;
     let kmax = kernel_paged::MAX_Q_LEN;
-    let total = start + kmax;
-    let blocks = total.div_ceil(bs) + 1;
-    let layout = PoolLayout {
-        num_blocks: blocks,
-        block_size: bs,
-        kv_heads: KV_HEADS,
-        head_dim: d,
-    };
-    let mut table: Vec<u32> = (0..blocks as u32).collect();
-    table.shuffle(&mut r);
-    let k = normal_f32(&mut r, total * per, 1.0);
-    let v = normal_f32(&mut r, total * per, 1.0);
-    let cache = cache_with(layout, format, &table, &k, &v);
-    let one = PagedDecodeShape {
-        q_heads: KV_HEADS * GROUP,
-        kv_heads: KV_HEADS,
-        head_dim: d,
-        q_len: 1,
-        scale: 1.0 / (d as f32).sqrt(),
-        window,
-        softcap,
-    };
+    let (_, table, _, _, cache) = random_cache(&mut r, start + kmax, bs, d, format);
+    let one = one_token(d, window, softcap);
     let qd = one.q_heads * d;
     let mut exact = 0;
     for kk in [2, 3, 5, 8, 13, kmax] {
