@@ -116,8 +116,9 @@ pub enum SplitKv {
     /// Partitions of this many tokens.
     Tokens(usize),
     /// Partitions from the context length alone: at most `CONTEXT_PARTS` of them, in whole
-    /// units of 64 tokens. Like `Tokens` it never looks at the thread count, so a sequence's output is
-    /// bit-identical on 1 or N threads; unlike it, long contexts still split into few parts.
+    /// units of 64 tokens. Like `Tokens` it never looks at the thread count, so a sequence's
+    /// output is bit-identical on 1 or N threads; unlike it, long contexts still split into
+    /// few parts.
     Context,
 }
 
@@ -141,6 +142,7 @@ impl SplitKv {
     /// itself = unsplit; the whole context, or the window's reach). It depends on the
     /// sequence alone, never on its batch neighbours, so a sequence's output
     /// is bit-identical whatever it is batched with.
+    ///
     /// `Auto` and `Context` cut whole units of `AUTO_MIN_PARTITION` tokens, so neighbouring
     /// context lengths share their partitions (a verification pass's rows, each a decode step
     /// one position on, then read the context in one call: `shared_call_is_exact`).
