@@ -40,9 +40,15 @@ impl Llama {
         let mut attn = vec![f32::NAN; q.len()];
         let mut done = vec![false; chunks.len()];
         if let AttentionChoice::Paged(split) = self.attention {
-            self.verified_rows_as_decode_steps(kv, li, chunks, offsets, q, split, &mut attn)?;
-            for (d, c) in done.iter_mut().zip(chunks) {
-                *d |= self.verified_row_by_row(li, c, split);
+            let by_row: Vec<bool> = chunks
+                .iter()
+                .map(|c| self.verified_row_by_row(li, c, split))
+                .collect();
+            self.verified_rows_as_decode_steps(
+                kv, li, chunks, &by_row, offsets, q, split, &mut attn,
+            )?;
+            for (d, r) in done.iter_mut().zip(by_row) {
+                *d |= r;
             }
         }
         for (i, c) in chunks.iter().enumerate() {
@@ -181,21 +187,22 @@ impl Llama {
         Ok(attn)
     }
 
-    /// Under paged attention, every row of a verification chunk (`verified_row_by_row`) is
-    /// scored as the decode step at its position would score it: one query token over the
-    /// committed context and its own path — a draft tree's nodes read from their slots, a
-    /// chain's tokens in place — with decode's partitions and summation order. Its logits
-    /// are then the bits plain decoding would give, so greedy speculative output equals
-    /// plain greedy output exactly (tree attention's two-pass softmax, or one multi-token
-    /// call partitioned over the whole chunk's context, differs from decode in the last
-    /// bits, enough to flip a near-tie). Each row reads its context once, where a
-    /// multi-token call reads it once for all rows: exactness costs K/V reads, not weights.
+    /// Under paged attention, every row of a chunk marked in `by_row` (`verified_row_by_row`:
+    /// trees, and chains a multi-token call would not score exactly) is scored as the decode
+    /// step at its position would score it: one query token over the committed context and
+    /// its own path — a draft tree's nodes read from their slots, a chain's tokens in place —
+    /// with decode's partitions and summation order. Its logits are then the bits plain
+    /// decoding would give, so greedy speculative output equals plain greedy output exactly
+    /// (tree attention's two-pass softmax, or a multi-token call whose partitions are not
+    /// each row's own, differs from decode in the last bits, enough to flip a near-tie). Each
+    /// row reads its context once, where a multi-token call reads it once for all rows.
     #[allow(clippy::too_many_arguments)]
     fn verified_rows_as_decode_steps(
         &self,
         kv: &KvPools,
         li: usize,
         chunks: &[SeqChunk],
+        by_row: &[bool],
         offsets: &[usize],
         q: &[f32],
         split: SplitKv,
@@ -209,7 +216,7 @@ impl Llama {
         };
         let (mut tails, mut rows) = (vec![], vec![]);
         for (i, c) in chunks.iter().enumerate() {
-            if !self.verified_row_by_row(li, c, split) {
+            if !by_row[i] {
                 continue;
             }
             for r in 0..c.tokens.len() {
