@@ -773,35 +773,24 @@ mod tests {
 
     #[test]
     fn refusals_and_slots() {
-        let mut s = shape(8, 8, 1);
-        s.head_dim = 80;
-        assert!(plan_decode(
-            &s,
-            &[10],
-            DType::F16,
-            SplitKv::Off,
-            KeyLoop::Plain(1),
-            NOMINAL_RESIDENT_BLOCKS
-        )
-        .is_err());
-        assert!(plan_decode(
-            &shape(8, 8, 1),
-            &[10],
-            DType::F16,
-            SplitKv::Off,
-            KeyLoop::Plain(3),
-            NOMINAL_RESIDENT_BLOCKS
-        )
-        .is_err());
-        assert!(plan_decode(
-            &shape(8, 8, 17),
-            &[100],
-            DType::F16,
-            SplitKv::Off,
-            KeyLoop::Plain(1),
-            NOMINAL_RESIDENT_BLOCKS
-        )
-        .is_err());
+        let mut d80 = shape(8, 8, 1);
+        d80.head_dim = 80;
+        // Head size 80, an unroll of 3, 17 new tokens: each refused.
+        for (s, ctx, keys) in [
+            (d80, 10, KeyLoop::Plain(1)),
+            (shape(8, 8, 1), 10, KeyLoop::Plain(3)),
+            (shape(8, 8, 17), 100, KeyLoop::Plain(1)),
+        ] {
+            let plan = plan_decode(
+                &s,
+                &[ctx],
+                DType::F16,
+                SplitKv::Off,
+                keys,
+                NOMINAL_RESIDENT_BLOCKS,
+            );
+            assert!(plan.is_err(), "{s:?} {keys:?}");
+        }
         let layout = PoolLayout {
             num_blocks: 8,
             block_size: 4,
