@@ -92,9 +92,14 @@ pub(crate) fn quantize_activation_into(
             // SAFETY: the active tier includes AVX2 and FMA, so this CPU has them.
             return unsafe { quantize_avx2(x, interleaved, act) };
         }
+        // The portable tier: SSE2 is part of every x86-64.
+        quantize_chunks(x, interleaved, act, crate::act_q8_simd::chunk_sse2)
     }
-    let _ = isa;
-    quantize_body(x, interleaved, act);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        quantize_body(x, interleaved, act);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -149,7 +154,7 @@ fn in_code_order(chunk: &[f32], interleaved: bool) -> [f32; 32] {
     v
 }
 
-/// Plain loops over fixed 32-value chunks: the definition, and the portable tier.
+/// Plain loops over fixed 32-value chunks: the definition, and the portable tier off x86-64.
 fn quantize_body(x: &[f32], interleaved: bool, act: &mut Q8Activation) {
     for (c, chunk) in x.chunks_exact(32).enumerate() {
         let v = in_code_order(chunk, interleaved);

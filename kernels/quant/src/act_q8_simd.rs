@@ -1,4 +1,4 @@
-//! The vector loops of the activation chunk quantiser on AVX-512 and AVX2 (llama.cpp's
+//! The vector loops of the activation chunk quantiser on AVX-512, AVX2 and SSE2 (llama.cpp's
 //! `quantize_row_q8_0` AVX paths: max|x| by `vmaxps`, codes by a convert and a narrowing
 //! pack), bit-identical to the scalar definition: the same exact max, the same `chunk_scale`
 //! (here, shared with the scalar loop),
@@ -156,5 +156,60 @@ pub(crate) unsafe fn chunk_avx2(v: &[f32; 32]) -> Chunk {
         q,
         scale,
         total: _mm_cvtsi128_si32(sum),
+    }
+}
+
+/// `v` (32 values) quantised with SSE2 (part of every x86-64; the portable tier's loop, where
+/// the scalar one called `roundf` per value: ~20% of a 256-row portable product at batch 4).
+/// Truncation is `cvttps2dq` (exact: |v| ≤ 127 here, finite chunks only).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn chunk_sse2(v: &[f32; 32]) -> Chunk {
+    // SAFETY: SSE2 is part of every x86-64; every load lies inside `v`, the store inside `q`.
+    unsafe {
+        let x: [__m128; 8] = std::array::from_fn(|i| _mm_loadu_ps(v.as_ptr().add(4 * i)));
+        let magnitude = _mm_castsi128_ps(_mm_set1_epi32(i32::MAX));
+        let abs: [__m128; 8] = std::array::from_fn(|i| _mm_and_ps(x[i], magnitude));
+        let big = _mm_set1_ps(f32::MAX);
+        let mut finite = _mm_castsi128_ps(_mm_set1_epi32(-1));
+        let mut m = _mm_setzero_ps();
+        for a in abs {
+            // Ordered ≤: false for a NaN.
+            finite = _mm_and_ps(finite, _mm_cmple_ps(a, big));
+            m = _mm_max_ps(m, a);
+        }
+        if _mm_movemask_ps(finite) != 0xF {
+            return non_finite();
+        }
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m));
+        let (scale, inv) = chunk_scale(_mm_cvtss_f32(m), true);
+        let (inv, half, one) = (_mm_set1_ps(inv), _mm_set1_ps(0.5), _mm_set1_ps(1.0));
+        let sign_bit = _mm_castsi128_ps(_mm_set1_epi32(i32::MIN));
+        let codes: [__m128i; 8] = std::array::from_fn(|i| {
+            let s = _mm_mul_ps(x[i], inv);
+            let a = _mm_and_ps(s, magnitude);
+            let t = _mm_cvtepi32_ps(_mm_cvttps_epi32(a));
+            let up = _mm_cmpge_ps(_mm_sub_ps(a, t), half);
+            let r = _mm_add_ps(t, _mm_and_ps(up, one));
+            _mm_cvttps_epi32(_mm_or_ps(r, _mm_and_ps(s, sign_bit)))
+        });
+        let mut sum = _mm_setzero_si128();
+        for c in codes {
+            sum = _mm_add_epi32(sum, c);
+        }
+        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
+        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum));
+        let mut q = [0i8; 32];
+        for h in 0..2 {
+            let w0 = _mm_packs_epi32(codes[4 * h], codes[4 * h + 1]);
+            let w1 = _mm_packs_epi32(codes[4 * h + 2], codes[4 * h + 3]);
+            let b = _mm_packs_epi16(w0, w1);
+            _mm_storeu_si128(q.as_mut_ptr().add(16 * h) as *mut __m128i, b);
+        }
+        Chunk {
+            q,
+            scale,
+            total: _mm_cvtsi128_si32(sum),
+        }
     }
 }

@@ -1,16 +1,22 @@
 //! The portable tier's bodies of the packed tiles (`crate::packed`: Q4_0, Q4_1, Q5_0, Q8_0,
 //! Q4_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the AVX2 / AVX-512
-//! bodies, with no instruction beyond the baseline ISA. The integer cores (`cores`) give Σc·q
-//! per row of one tile-block piece — a 32-value block, a K-quant sub-block, a Q6_K half of
-//! 16 + 16 values — exactly: on x86-64 in SSE2 (part of every x86-64; `pmaddwd` over codes
-//! widened to i16, so nothing overflows), elsewhere in plain loops (`plain`, which a test holds
+//! bodies, with no instruction beyond the baseline ISA, for up to 4 activations a pass. The
+//! integer cores (`cores`) give Σc·q per row of one tile-block piece — a 32-value block, a
+//! K-quant sub-block, a Q6_K half of 16 + 16 values — for every activation of the pass,
+//! exactly: on x86-64 in SSE2 (part of every x86-64; `pmaddwd` over codes widened to i16 once
+//! for the pass, so nothing overflows), elsewhere in plain loops (`plain`, which a test holds
 //! equal to the SSE2 cores on arbitrary bytes). The bodies then take the format's code offset
-//! off with Σq, apply the f32 scales, and prefetch the next tile-blocks. The scalar per-row
-//! loops these replace ran 10–33× slower than the AVX2 bodies; these run 1.1–2.4× (isa_gemv,
-//! 4096×4096 and 4096×11008, batch 1, 2 threads). The per-row f32 epilogue widens a tile's 16
-//! f16 scales in one vectorised loop (`f16x16`): per-row conversions took half of Q4_0's time
-//! (perf), and in cache Q4_0 went 9.0 → 13.1 GMAC/s, Q4_1 4.6–7.2 → 11.1, Q8_0 8.7 → 12.1, Q6_K
-//! 8.5 → 10.7 (`tile_rate`, one thread, AVX-512 machine capped to portable).
+//! off with Σq, apply the f32 scales per row (the same steps whatever the pass, so each
+//! activation gets the bits it gets alone), and prefetch the next tile-blocks. The scalar
+//! per-row loops these replace ran 10–33× slower than the AVX2 bodies; these run 1.1–2.4×
+//! (isa_gemv, 4096×4096 and 4096×11008, batch 1, 2 threads). The per-row f32 epilogue widens a
+//! tile's 16 f16 scales in one vectorised loop (`f16x16`): per-row conversions took half of
+//! Q4_0's time (perf), and in cache Q4_0 went 9.0 → 13.1 GMAC/s, Q4_1 4.6–7.2 → 11.1, Q8_0
+//! 8.7 → 12.1, Q6_K 8.5 → 10.7 (`tile_rate`, one thread, AVX-512 machine capped to portable).
+//! Passes of 4 (the code widening paid once per pass) with the SSE2 activation quantiser
+//! (`act_q8_simd::chunk_sse2`), same tool, 4–8 activations, best of 3 alternated runs: Q4_0
+//! 13.2 → 17.9 GMAC/s, Q4_1 11.3 → 16.5, Q5_0 9.7 → 19.5, Q8_0 12.2 → 21.3, Q4_K 15.5 → 17.4,
+//! Q6_K 10.6 → 12.8 (one activation: within ±6% of before).
 
 use crate::act_q8::Q8Activation;
 use crate::act_q8k::Q8KActivation;
@@ -66,44 +72,44 @@ mod plain {
     /// No prefetch hint without the SSE instruction.
     pub fn prefetch(_codes: &[u8], _at: usize, _len: usize) {}
 
-    /// Σ nibble·q per row of a Q4_0-style block (256 bytes).
-    pub fn q4_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
-        dots(0..8, |r, s, b| nibble(codes, r, s, b), q)
+    /// Σ nibble·q per row of a Q4_0-style block (256 bytes), for each activation of `qs`.
+    pub fn q4_block<const B: usize>(codes: &[u8], qs: [&[i8]; B]) -> [[i32; TILE]; B] {
+        qs.map(|q| dots(0..8, |r, s, b| nibble(codes, r, s, b), q))
     }
 
     /// Σ (nibble + 16·5th bit)·q per row of a Q5_0 tile-block.
-    pub fn q5_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
+    pub fn q5_block<const B: usize>(codes: &[u8], qs: [&[i8]; B]) -> [[i32; TILE]; B] {
         let code =
             |r, s, b| nibble(codes, r, s, b) + 16 * ((codes[Q5_HI + 4 * r + b] >> s) & 1) as i32;
-        dots(0..8, code, q)
+        qs.map(|q| dots(0..8, code, q))
     }
 
     /// Σ c·q per row of a Q8_0 tile-block (signed codes, group s = k-step s).
-    pub fn q8_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
-        dots(0..8, |r, s, b| codes[64 * s + 4 * r + b] as i8 as i32, q)
+    pub fn q8_block<const B: usize>(codes: &[u8], qs: [&[i8]; B]) -> [[i32; TILE]; B] {
+        qs.map(|q| dots(0..8, |r, s, b| codes[64 * s + 4 * r + b] as i8 as i32, q))
     }
 
     /// Σ (nibble + 16·top 2 bits)·q per row over k-steps 4g..4g + 4 of a Q6_K sub-block.
-    pub fn q6_half(sub: &[u8], q: &[i8], g: usize) -> [i32; TILE] {
+    pub fn q6_half<const B: usize>(sub: &[u8], qs: [&[i8]; B], g: usize) -> [[i32; TILE]; B] {
         assert!(g < 2);
         let code = |r, s: usize, b| {
             let t = s - 4 * g;
             nibble(sub, r, s, b) + 16 * ((sub[Q6K_HI + 64 * g + 4 * r + b] >> (2 * t)) & 3) as i32
         };
-        dots(4 * g..4 * g + 4, code, q)
+        qs.map(|q| dots(4 * g..4 * g + 4, code, q))
     }
 }
 
 /// The cores in SSE2: one 16-byte load holds 4 rows × 4 lane bytes; the codes are widened to
-/// i16 and `pmaddwd` against the k-step's 4 activation bytes (repeated) gives each row's pair
-/// sums in i32, so nothing can overflow; the pairs are added at the end.
+/// i16 once and `pmaddwd` against each activation's k-step (its 4 bytes, repeated, widened
+/// once per call) gives each row's pair sums in i32, so nothing can overflow; the pairs are
+/// added at the end. One group of 4 rows at a time, so B activations hold 2·B accumulators
+/// (8 at B = 4) beside the 4 widened code vectors: the 16 xmm registers take a pass of 4 with
+/// the code unpacking paid once per pass instead of once per activation.
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use crate::packed_layout::{Q5_HI, Q6K_HI, TILE};
     use std::arch::x86_64::*;
-
-    /// acc[2i] (rows 4i, 4i + 1) and acc[2i + 1] (rows 4i + 2, 4i + 3): pair sums.
-    type Acc = [__m128i; 8];
 
     /// Asks for the cache lines of `codes[at..at + len]` (`prefetcht0`; addresses past the end
     /// are only hinted, never read). The 16-row tiles stream several KB per row group, and
@@ -118,12 +124,21 @@ mod sse2 {
         }
     }
 
-    /// The activation's k-step s as 8 i16: q[4s..4s + 4] twice.
+    /// Every activation's k-steps `first..first + S` as 8 i16 each (q[4s..4s + 4] twice),
+    /// entry [b][s − first].
     #[inline(always)]
-    unsafe fn step(q: &[i8; 32], s: usize) -> __m128i {
-        debug_assert!(s < 8);
-        let x = _mm_set1_epi32(std::ptr::read_unaligned(q.as_ptr().add(4 * s) as *const i32));
-        _mm_srai_epi16::<8>(_mm_unpacklo_epi8(x, x))
+    unsafe fn steps<const B: usize, const S: usize>(
+        qs: [&[i8; 32]; B],
+        first: usize,
+    ) -> [[__m128i; S]; B] {
+        assert!(first + S <= 8);
+        std::array::from_fn(|b| {
+            std::array::from_fn(|t| {
+                let at = qs[b].as_ptr().add(4 * (first + t)) as *const i32;
+                let x = _mm_set1_epi32(std::ptr::read_unaligned(at));
+                _mm_srai_epi16::<8>(_mm_unpacklo_epi8(x, x))
+            })
+        })
     }
 
     /// 16 bytes at `at`.
@@ -136,37 +151,36 @@ mod sse2 {
         _mm_loadu_si128(bytes.as_ptr().add(at) as *const __m128i)
     }
 
-    /// The first N bytes of `b` and the first 32 activation codes of `q`, as arrays (one
-    /// bounds check each).
+    /// The first N bytes of `b` and the first 32 activation codes of each of `qs`, as arrays
+    /// (one bounds check each).
     #[inline(always)]
-    fn arrays<'a, const N: usize>(b: &'a [u8], q: &'a [i8]) -> (&'a [u8; N], &'a [i8; 32]) {
+    fn arrays<'a, const N: usize, const B: usize>(
+        b: &'a [u8],
+        qs: [&'a [i8]; B],
+    ) -> (&'a [u8; N], [&'a [i8; 32]; B]) {
         (
             b[..N].try_into().expect("a tile-block piece"),
-            q[..32].try_into().expect("32 activation codes"),
+            std::array::from_fn(|b| qs[b][..32].try_into().expect("32 activation codes")),
         )
     }
 
-    /// acc[2i..2i + 2] += unsigned codes `lo` · `ql` + `hi` · `qh` (rows 4i..4i + 4).
+    /// Rows 4i..4i + 4 of every activation's pair sums `acc[b]` (rows 4i, 4i + 1 in the
+    /// first vector, 4i + 2, 4i + 3 in the second) added into `out[b]`.
     #[inline(always)]
-    unsafe fn madd_pair(
-        acc: &mut Acc,
+    unsafe fn reduce_quad<const B: usize>(
+        acc: &[[__m128i; 2]; B],
         i: usize,
-        lo: __m128i,
-        hi: __m128i,
-        ql: __m128i,
-        qh: __m128i,
+        out: &mut [[i32; TILE]; B],
     ) {
-        let z = _mm_setzero_si128();
-        let l = _mm_add_epi32(
-            _mm_madd_epi16(_mm_unpacklo_epi8(lo, z), ql),
-            _mm_madd_epi16(_mm_unpacklo_epi8(hi, z), qh),
-        );
-        let h = _mm_add_epi32(
-            _mm_madd_epi16(_mm_unpackhi_epi8(lo, z), ql),
-            _mm_madd_epi16(_mm_unpackhi_epi8(hi, z), qh),
-        );
-        acc[2 * i] = _mm_add_epi32(acc[2 * i], l);
-        acc[2 * i + 1] = _mm_add_epi32(acc[2 * i + 1], h);
+        for b in 0..B {
+            let (x, y) = (_mm_castsi128_ps(acc[b][0]), _mm_castsi128_ps(acc[b][1]));
+            let even = _mm_castps_si128(_mm_shuffle_ps::<0x88>(x, y));
+            let odd = _mm_castps_si128(_mm_shuffle_ps::<0xDD>(x, y));
+            _mm_storeu_si128(
+                out[b].as_mut_ptr().add(4 * i) as *mut __m128i,
+                _mm_add_epi32(even, odd),
+            );
+        }
     }
 
     /// Bit `from` of every byte of `v` moved to bit 4 (`width` bits, then masked).
@@ -180,135 +194,146 @@ mod sse2 {
         _mm_and_si128(moved, _mm_set1_epi8(mask))
     }
 
+    /// The S / 2 nibble groups from `first_group` of `codes` (group first_group + n holding
+    /// k-steps first_step + 2n, low nibbles, and first_step + 2n + 1, high), with
+    /// `upper(n, i, hi)` ORed into the codes of rows 4i..4i + 4, against every activation of
+    /// `qs`.
     #[inline(always)]
-    unsafe fn reduce(acc: &Acc) -> [i32; TILE] {
-        let mut out = [0i32; TILE];
+    #[allow(clippy::needless_range_loop)] // b indexes the accumulators and steps in step
+    unsafe fn nibbles<const N: usize, const B: usize, const S: usize>(
+        codes: &[u8; N],
+        qs: [&[i8; 32]; B],
+        first_group: usize,
+        first_step: usize,
+        upper: impl Fn(usize, usize, bool) -> __m128i,
+    ) -> [[i32; TILE]; B] {
+        let q = steps::<B, S>(qs, first_step);
+        let (m, z) = (_mm_set1_epi8(0x0F), _mm_setzero_si128());
+        let mut out = [[0i32; TILE]; B];
         for i in 0..4 {
-            let (a, b) = (
-                _mm_castsi128_ps(acc[2 * i]),
-                _mm_castsi128_ps(acc[2 * i + 1]),
-            );
-            let even = _mm_castps_si128(_mm_shuffle_ps::<0x88>(a, b));
-            let odd = _mm_castps_si128(_mm_shuffle_ps::<0xDD>(a, b));
-            _mm_storeu_si128(
-                out.as_mut_ptr().add(4 * i) as *mut __m128i,
-                _mm_add_epi32(even, odd),
-            );
+            let mut acc = [[z; 2]; B];
+            for n in 0..S / 2 {
+                let v = load(codes, 64 * (first_group + n) + 16 * i);
+                let lo = _mm_or_si128(_mm_and_si128(v, m), upper(n, i, false));
+                let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(v), m), upper(n, i, true));
+                let (lo_l, lo_h) = (_mm_unpacklo_epi8(lo, z), _mm_unpackhi_epi8(lo, z));
+                let (hi_l, hi_h) = (_mm_unpacklo_epi8(hi, z), _mm_unpackhi_epi8(hi, z));
+                for b in 0..B {
+                    let (ql, qh) = (q[b][2 * n], q[b][2 * n + 1]);
+                    let l = _mm_add_epi32(_mm_madd_epi16(lo_l, ql), _mm_madd_epi16(hi_l, qh));
+                    let h = _mm_add_epi32(_mm_madd_epi16(lo_h, ql), _mm_madd_epi16(hi_h, qh));
+                    acc[b][0] = _mm_add_epi32(acc[b][0], l);
+                    acc[b][1] = _mm_add_epi32(acc[b][1], h);
+                }
+            }
+            reduce_quad(&acc, i, &mut out);
         }
         out
     }
 
-    /// Nibble groups `groups` of `codes`, with `upper(group, i, hi)` ORed into the codes.
     #[inline(always)]
-    unsafe fn nibbles<const N: usize>(
-        codes: &[u8; N],
-        q: &[i8; 32],
-        groups: std::ops::Range<usize>,
-        first_step: usize,
-        upper: impl Fn(usize, usize, bool) -> __m128i,
-    ) -> [i32; TILE] {
-        let mut acc = [_mm_setzero_si128(); 8];
-        let m = _mm_set1_epi8(0x0F);
-        for (n, j) in groups.enumerate() {
-            let s = first_step + 2 * n;
-            let (ql, qh) = (step(q, s), step(q, s + 1));
-            for i in 0..4 {
-                let v = load(codes, 64 * j + 16 * i);
-                let lo = _mm_or_si128(_mm_and_si128(v, m), upper(n, i, false));
-                let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(v), m), upper(n, i, true));
-                madd_pair(&mut acc, i, lo, hi, ql, qh);
-            }
-        }
-        reduce(&acc)
-    }
-
-    pub fn q4_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
-        let (codes, q) = arrays::<256>(codes, q);
+    pub fn q4_block<const B: usize>(codes: &[u8], qs: [&[i8]; B]) -> [[i32; TILE]; B] {
+        let (codes, qs) = arrays::<256, B>(codes, qs);
         // SAFETY: SSE2 is part of every x86-64; every load lies inside the arrays.
-        unsafe { nibbles(codes, q, 0..4, 0, |_, _, _| _mm_setzero_si128()) }
+        unsafe { nibbles::<256, B, 8>(codes, qs, 0, 0, |_, _, _| _mm_setzero_si128()) }
     }
 
-    pub fn q5_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
-        let (codes, q) = arrays::<{ Q5_HI + 64 }>(codes, q);
+    #[inline(always)]
+    pub fn q5_block<const B: usize>(codes: &[u8], qs: [&[i8]; B]) -> [[i32; TILE]; B] {
+        let (codes, qs) = arrays::<{ Q5_HI + 64 }, B>(codes, qs);
         // SAFETY: as `q4_block`. Group n holds k-steps 2n (low) and 2n + 1 (high).
         unsafe {
             let plane: [__m128i; 4] = std::array::from_fn(|i| load(codes, Q5_HI + 16 * i));
-            nibbles(codes, q, 0..4, 0, |n, i, hi| {
+            nibbles::<{ Q5_HI + 64 }, B, 8>(codes, qs, 0, 0, |n, i, hi| {
                 bits_to_4(plane[i], (2 * n + hi as usize) as i32, 0x10)
             })
         }
     }
 
-    pub fn q6_half(sub: &[u8], q: &[i8], g: usize) -> [i32; TILE] {
+    #[inline(always)]
+    pub fn q6_half<const B: usize>(sub: &[u8], qs: [&[i8]; B], g: usize) -> [[i32; TILE]; B] {
         assert!(g < 2);
-        let (sub, q) = arrays::<{ Q6K_HI + 128 }>(sub, q);
+        let (sub, qs) = arrays::<{ Q6K_HI + 128 }, B>(sub, qs);
         // SAFETY: as `q4_block`. Nibble group 2g + n holds k-steps 4g + 2n, 4g + 2n + 1, whose
         // top bits are bits 2t..2t + 2 (t = 2n, 2n + 1) of plane group g.
         unsafe {
             let plane: [__m128i; 4] = std::array::from_fn(|i| load(sub, Q6K_HI + 64 * g + 16 * i));
-            nibbles(sub, q, 2 * g..2 * g + 2, 4 * g, |n, i, hi| {
+            nibbles::<{ Q6K_HI + 128 }, B, 4>(sub, qs, 2 * g, 4 * g, |n, i, hi| {
                 bits_to_4(plane[i], 2 * (2 * n + hi as usize) as i32, 0x30)
             })
         }
     }
 
-    pub fn q8_block(codes: &[u8], q: &[i8]) -> [i32; TILE] {
-        let (codes, q) = arrays::<512>(codes, q);
+    #[allow(clippy::needless_range_loop)] // b indexes the accumulators and steps in step
+    #[inline(always)]
+    pub fn q8_block<const B: usize>(codes: &[u8], qs: [&[i8]; B]) -> [[i32; TILE]; B] {
+        let (codes, qs) = arrays::<512, B>(codes, qs);
         // SAFETY: as `q4_block`; the codes are sign-extended bytes.
         unsafe {
-            let mut acc = [_mm_setzero_si128(); 8];
-            for s in 0..8 {
-                let qs = step(q, s);
-                for i in 0..4 {
+            let q = steps::<B, 8>(qs, 0);
+            let z = _mm_setzero_si128();
+            let mut out = [[0i32; TILE]; B];
+            for i in 0..4 {
+                let mut acc = [[z; 2]; B];
+                for s in 0..8 {
                     let v = load(codes, 64 * s + 16 * i);
                     let l = _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
                     let h = _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
-                    acc[2 * i] = _mm_add_epi32(acc[2 * i], _mm_madd_epi16(l, qs));
-                    acc[2 * i + 1] = _mm_add_epi32(acc[2 * i + 1], _mm_madd_epi16(h, qs));
+                    for b in 0..B {
+                        acc[b][0] = _mm_add_epi32(acc[b][0], _mm_madd_epi16(l, q[b][s]));
+                        acc[b][1] = _mm_add_epi32(acc[b][1], _mm_madd_epi16(h, q[b][s]));
+                    }
                 }
+                reduce_quad(&acc, i, &mut out);
             }
-            reduce(&acc)
+            out
         }
     }
 }
 
-/// The 16 rows of tile-blocks `codes`/`scales` (Q4_0, Q4_1, Q5_0 or Q8_0) against one
-/// activation.
-pub(crate) fn tile_dot_q8(
+/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0 or Q8_0) are `codes` /
+/// `scales` · activation b of `acts`, over the tile-blocks `blocks`: the sums run on from
+/// `out`, so a tile taken in pieces gives the bits of one walk, and each activation's sums
+/// are the bits it gets alone (the integer dots are exact; the f32 steps per row are the same
+/// whatever B is).
+pub(crate) fn tile_dot_q8<const B: usize>(
     format: WeightFormat,
     codes: &[u8],
     scales: &[u8],
-    nb: usize,
-    act: &Q8Activation,
-) -> [f32; TILE] {
+    blocks: std::ops::Range<usize>,
+    acts: [&Q8Activation; B],
+    out: &mut [[f32; TILE]; B],
+) {
     let (cb, sb) = (code_bytes(format), scale_bytes(format));
-    let mut acc = [0.0f32; TILE];
-    for k in 0..nb {
+    for k in blocks {
         cores::prefetch(codes, (k + AHEAD_BYTES / cb) * cb, cb);
         let (tb, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
-        let q = &act.q[k * BLOCK..(k + 1) * BLOCK];
+        let qs: [&[i8]; B] = std::array::from_fn(|b| &acts[b].q[k * BLOCK..(k + 1) * BLOCK]);
         let (dots, offset) = match format {
-            WeightFormat::Q8_0 => (cores::q8_block(tb, q), 0),
-            WeightFormat::Q4_0 => (cores::q4_block(tb, q), 8),
-            WeightFormat::Q5_0 => (cores::q5_block(tb, q), 16),
-            _ => (cores::q4_block(tb, q), 0),
+            WeightFormat::Q8_0 => (cores::q8_block(tb, qs), 0),
+            WeightFormat::Q4_0 => (cores::q4_block(tb, qs), 8),
+            WeightFormat::Q5_0 => (cores::q5_block(tb, qs), 16),
+            _ => (cores::q4_block(tb, qs), 0),
         };
-        let off = offset * act.qsum[k];
         // The 16 rows' scales widened in one loop over a fixed array and the sums updated in
         // another, each element as before (so every result is the same bits): both loops
         // vectorise, where the per-row f16 conversions did not.
         let d = f16x16(&sc[..2 * TILE]);
-        for r in 0..TILE {
-            acc[r] += d[r] * act.d[k] * (dots[r] - off) as f32;
-        }
-        if format == WeightFormat::Q4_1 {
-            let m = f16x16(&sc[2 * TILE..4 * TILE]);
+        let m = (format == WeightFormat::Q4_1).then(|| f16x16(&sc[2 * TILE..4 * TILE]));
+        for b in 0..B {
+            let (acc, dots) = (&mut out[b], &dots[b]);
+            let (dx, off) = (acts[b].d[k], offset * acts[b].qsum[k]);
             for r in 0..TILE {
-                acc[r] += m[r] * act.sum[k];
+                acc[r] += d[r] * dx * (dots[r] - off) as f32;
+            }
+            if let Some(m) = &m {
+                let sx = acts[b].sum[k];
+                for r in 0..TILE {
+                    acc[r] += m[r] * sx;
+                }
             }
         }
     }
-    acc
 }
 
 /// The 16 little-endian f16 values of `b` (32 bytes) as f32, by `fp16_to_fp32` (branch-free,
@@ -326,98 +351,104 @@ fn f16x16(b: &[u8]) -> [f32; TILE] {
 }
 
 /// Walks the super-blocks `blocks` of one K-quant tile: prefetches the next one and hands
-/// `body` super-block k's codes, scales and activation codes with the tile's 16 sums, which
-/// start at `sums` (the blocks before these; zero for the first).
-fn for_each_super(
+/// `body` super-block k's codes, scales and index with the tile's sums for every activation.
+fn for_each_super<const B: usize>(
     format: WeightFormat,
     codes: &[u8],
     scales: &[u8],
     blocks: std::ops::Range<usize>,
-    act: &Q8KActivation,
-    sums: [f32; TILE],
-    mut body: impl FnMut(&[u8], &[u8], &[i8], usize, &mut [f32; TILE]),
-) -> [f32; TILE] {
+    out: &mut [[f32; TILE]; B],
+    mut body: impl FnMut(&[u8], &[u8], usize, &mut [[f32; TILE]; B]),
+) {
     let (cb, sb) = (code_bytes(format), scale_bytes(format));
-    let mut acc = sums;
     for k in blocks {
         cores::prefetch(codes, (k + 1) * cb, cb);
-        let q = &act.q[k * SUPER..(k + 1) * SUPER];
         let (codes, sc) = (&codes[k * cb..(k + 1) * cb], &scales[k * sb..(k + 1) * sb]);
-        body(codes, sc, q, k, &mut acc);
+        body(codes, sc, k, out);
     }
-    acc
 }
 
-/// The 16 rows of a Q4_K tile against one Q8_K activation.
-pub(crate) fn tile_dot_q4k(
+/// out[b] += the 16 rows of a Q4_K tile · Q8_K activation b of `acts` over the super-blocks
+/// `blocks` (the sums run on from `out`, each activation's the bits it gets alone).
+pub(crate) fn tile_dot_q4k<const B: usize>(
     codes: &[u8],
     scales: &[u8],
     blocks: std::ops::Range<usize>,
-    act: &Q8KActivation,
-    sums: [f32; TILE],
-) -> [f32; TILE] {
+    acts: [&Q8KActivation; B],
+    out: &mut [[f32; TILE]; B],
+) {
     for_each_super(
         WeightFormat::Q4_K,
         codes,
         scales,
         blocks,
-        act,
-        sums,
-        |codes, sc, q, k, acc| {
-            let (mut isum, mut imin) = ([0i32; TILE], [0i32; TILE]);
+        out,
+        |codes, sc, k, out| {
+            let (mut isum, mut imin) = ([[0i32; TILE]; B], [[0i32; TILE]; B]);
             for j in 0..8 {
-                let dots = cores::q4_block(&codes[256 * j..], &q[BLOCK * j..]);
-                let bsum = act.bsum[8 * k + j] as i32;
-                for r in 0..TILE {
-                    isum[r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[r];
-                    imin[r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
+                let at = k * SUPER + BLOCK * j;
+                let qs: [&[i8]; B] = std::array::from_fn(|b| &acts[b].q[at..at + BLOCK]);
+                let dots = cores::q4_block(&codes[256 * j..], qs);
+                for b in 0..B {
+                    let bsum = acts[b].bsum[8 * k + j] as i32;
+                    for r in 0..TILE {
+                        isum[b][r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[b][r];
+                        imin[b][r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
+                    }
                 }
             }
-            let dx = act.d[k];
             let (d, m) = (f16x16(&sc[..32]), f16x16(&sc[32..64]));
-            for r in 0..TILE {
-                acc[r] += d[r] * dx * isum[r] as f32;
-                acc[r] -= m[r] * dx * imin[r] as f32;
+            for b in 0..B {
+                let dx = acts[b].d[k];
+                for r in 0..TILE {
+                    out[b][r] += d[r] * dx * isum[b][r] as f32;
+                    out[b][r] -= m[r] * dx * imin[b][r] as f32;
+                }
             }
         },
     )
 }
 
-/// The 16 rows of a Q6_K tile against one Q8_K activation.
-pub(crate) fn tile_dot_q6k(
+/// out[b] += the 16 rows of a Q6_K tile · Q8_K activation b of `acts` over the super-blocks
+/// `blocks` (as `tile_dot_q4k`).
+pub(crate) fn tile_dot_q6k<const B: usize>(
     codes: &[u8],
     scales: &[u8],
     blocks: std::ops::Range<usize>,
-    act: &Q8KActivation,
-    sums: [f32; TILE],
-) -> [f32; TILE] {
+    acts: [&Q8KActivation; B],
+    out: &mut [[f32; TILE]; B],
+) {
     for_each_super(
         WeightFormat::Q6_K,
         codes,
         scales,
         blocks,
-        act,
-        sums,
-        |codes, sc, q, k, acc| {
-            let (mut isum, mut ioff) = ([0i32; TILE], [0i32; TILE]);
+        out,
+        |codes, sc, k, out| {
+            let (mut isum, mut ioff) = ([[0i32; TILE]; B], [[0i32; TILE]; B]);
             for j in 0..8 {
                 let sub = &codes[Q6K_SUB * j..Q6K_SUB * (j + 1)];
-                let qj = &q[BLOCK * j..BLOCK * (j + 1)];
+                let at = k * SUPER + BLOCK * j;
+                let qs: [&[i8]; B] = std::array::from_fn(|b| &acts[b].q[at..at + BLOCK]);
                 // Half g: k-steps 4g..4g + 4 (one scale), nibble groups 2g and 2g + 1, plane group g.
                 for g in 0..2 {
-                    let dots = cores::q6_half(sub, qj, g);
+                    let dots = cores::q6_half(sub, qs, g);
                     let group = 2 * j + g;
-                    let bsum = act.bsum16[16 * k + group] as i32;
-                    for r in 0..TILE {
-                        let s = sc[Q6K_SC + TILE * group + r] as i8 as i32;
-                        isum[r] += s * dots[r];
-                        ioff[r] += s * bsum;
+                    for b in 0..B {
+                        let bsum = acts[b].bsum16[16 * k + group] as i32;
+                        for r in 0..TILE {
+                            let s = sc[Q6K_SC + TILE * group + r] as i8 as i32;
+                            isum[b][r] += s * dots[b][r];
+                            ioff[b][r] += s * bsum;
+                        }
                     }
                 }
             }
             let d = f16x16(&sc[..32]);
-            for r in 0..TILE {
-                acc[r] += d[r] * act.d[k] * (isum[r] - 32 * ioff[r]) as f32;
+            for b in 0..B {
+                for r in 0..TILE {
+                    out[b][r] += d[r] * acts[b].d[k] * (isum[b][r] - 32 * ioff[b][r]) as f32;
+                }
             }
         },
     )
@@ -457,18 +488,26 @@ mod tests {
 
     #[test]
     fn the_cores_equal_the_plain_loops_on_arbitrary_bytes() {
+        fn check<const B: usize>(codes: &[u8], qs: [&[i8]; B]) {
+            assert_eq!(cores::q4_block(codes, qs), plain::q4_block(codes, qs));
+            assert_eq!(cores::q5_block(codes, qs), plain::q5_block(codes, qs));
+            assert_eq!(cores::q8_block(codes, qs), plain::q8_block(codes, qs));
+            for g in 0..2 {
+                assert_eq!(cores::q6_half(codes, qs, g), plain::q6_half(codes, qs, g));
+            }
+        }
         for seed in 1..100u64 {
             let codes = bytes(512, seed);
-            let q: Vec<i8> = bytes(32, seed + 1000)
+            // Four activations, each its own arbitrary codes (−127..127, as quantised).
+            let q: Vec<i8> = bytes(128, seed + 1000)
                 .into_iter()
                 .map(|b| (b as i8).max(-127))
                 .collect();
-            assert_eq!(cores::q4_block(&codes, &q), plain::q4_block(&codes, &q));
-            assert_eq!(cores::q5_block(&codes, &q), plain::q5_block(&codes, &q));
-            assert_eq!(cores::q8_block(&codes, &q), plain::q8_block(&codes, &q));
-            for g in 0..2 {
-                assert_eq!(cores::q6_half(&codes, &q, g), plain::q6_half(&codes, &q, g));
-            }
+            let act = |b: usize| &q[32 * b..32 * (b + 1)];
+            check(&codes, [act(0)]);
+            check(&codes, [act(1), act(2)]);
+            check(&codes, [act(3), act(0), act(2)]);
+            check(&codes, [act(0), act(1), act(2), act(3)]);
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::WeightFormat;
 use kernel_cpu::Isa;
 
 /// out[b][r] += row r of one K-quant tile (`format`: Q4_K or Q6_K) · activation b over the
-/// tile-blocks `blocks`, for up to `K_PASS_MAX` activations, at tier `isa` (allowed on the
+/// tile-blocks `blocks`, for up to `K_PASS` activations, at tier `isa` (allowed on the
 /// caller's thread); `codes` and `scales` start at the tile's first tile-block
 /// (`PackedMatrix::codes(t, 0)` / `scales(t, 0)`). `out` holds the sums of the blocks before
 /// `blocks` (zero for the first), so a tile walked in pieces gives the bits of one walk. The
@@ -34,7 +34,7 @@ pub(crate) fn tile_dot(
     isa: Isa,
 ) {
     assert!(matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K));
-    assert!(!acts.is_empty() && acts.len() <= K_PASS_MAX && out.len() == acts.len());
+    assert!(!acts.is_empty() && acts.len() <= K_PASS && out.len() == acts.len());
     let q6 = format == WeightFormat::Q6_K;
     let (cb, sb) = (code_bytes(format), scale_bytes(format));
     let nb = blocks.end;
@@ -82,26 +82,28 @@ pub(crate) fn tile_dot(
         return;
     }
     let _ = isa;
-    for (o, act) in out.iter_mut().zip(acts) {
-        *o = if q6 {
-            crate::packed_portable::tile_dot_q6k(codes, scales, blocks.clone(), act, *o)
-        } else {
-            crate::packed_portable::tile_dot_q4k(codes, scales, blocks.clone(), act, *o)
-        };
+    macro_rules! portable {
+        ($n:literal) => {{
+            let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
+            let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
+            if q6 {
+                crate::packed_portable::tile_dot_q6k(codes, scales, blocks, a, o)
+            } else {
+                crate::packed_portable::tile_dot_q4k(codes, scales, blocks, a, o)
+            }
+        }};
+    }
+    match acts.len() {
+        1 => portable!(1),
+        2 => portable!(2),
+        3 => portable!(3),
+        _ => portable!(4),
     }
 }
 
-/// Most activations one K-quant tile call takes.
-pub(crate) const K_PASS_MAX: usize = 4;
-
-/// Activations per pass over a K-quant tile at tier `isa`: 4 on the vector tiers, 1 on the
-/// portable one. Measured on SmolLM2 Q4_K_M at 2 threads (AVX-512 VNNI, decode at B 8/16/32,
-/// three alternated rounds): 8 a pass with AVX-512 was no faster than 4 (B 32: 553–728 tokens/s
-/// against 586–811), so the wider body was not kept.
-pub(crate) fn k_pass(isa: Isa) -> usize {
-    if isa.has_avx2() {
-        4
-    } else {
-        1
-    }
-}
+/// Activations per pass over a K-quant tile, at every tier (the portable tier's SSE2 cores
+/// widen a code vector once for the pass), and the most one call takes. Measured on SmolLM2
+/// Q4_K_M at 2 threads (AVX-512 VNNI, decode at B 8/16/32, three alternated rounds): 8 a pass
+/// with AVX-512 was no faster than 4 (B 32: 553–728 tokens/s against 586–811), so the wider
+/// body was not kept.
+pub(crate) const K_PASS: usize = 4;

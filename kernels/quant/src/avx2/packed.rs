@@ -39,6 +39,9 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
     out: &mut [[f32; 16]; B],
 ) {
     assert!(acts.covers(B, blocks.end));
+    // Passes of up to 8 for Q4 (their sums are i16 vectors), up to 4 for Q5_0 and Q8_0
+    // (`packed::pass`).
+    assert!(B <= 4 || (B <= 8 && matches!(format, WeightFormat::Q4_0 | WeightFormat::Q4_1)));
     match format {
         WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, blocks, acts, out),
@@ -73,8 +76,10 @@ unsafe fn step(acts: &ActGroup, i: usize, s: usize) -> __m256i {
 /// 2·B). Per block the half's 8 code vectors are unpacked 4 at a time and each unpacked vector
 /// serves all B activations before the next is made, so the nibble unpacking is paid once per
 /// B activations and the live registers are 4 codes + B i16 sums + B accumulators (≤ 14 of the
-/// 16 at B = 4). The previous loop order (halves inside blocks, codes re-unpacked per
-/// activation) spilled broadcasts to the stack and ran at ~14 int8 MACs per cycle at prefill.
+/// 16 at B = 4; at B = 8, the pass `packed::pass` gives Q4, the accumulators and some sums go
+/// to memory, touched once per block, and the unpacking is paid once per 8). The previous
+/// loop order (halves inside blocks, codes re-unpacked per activation) spilled broadcasts to
+/// the stack and ran at ~14 int8 MACs per cycle at prefill.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // t / b index register arrays in step with the loads
 #[target_feature(enable = "avx2,fma,f16c")]
