@@ -286,7 +286,8 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
         )));
     }
     if block_values(w.format) == SUPER {
-        let acts = Acts::Q8K(in_parallel(x, w.cols, crate::act_q8k::quantize));
+        let quantize = |row: &[f32]| crate::act_q8k::quantize_at(row, isa);
+        let acts = Acts::Q8K(in_parallel(x, w.cols, quantize));
         run_tiles(w, &acts, batch, y, isa);
     } else {
         with_act_buffers(|buf| {
@@ -440,7 +441,7 @@ enum Acts<'a> {
 }
 
 /// `quantize` of every `cols`-wide row of `x`, rows split over the team for a prompt-sized
-/// batch (the quantisers are tier-independent plain loops).
+/// batch (the caller's tier passed in: team workers run at the leader's tier).
 fn in_parallel<A: Send>(x: &[f32], cols: usize, quantize: impl Fn(&[f32]) -> A + Sync) -> Vec<A> {
     let rows = x.len() / cols;
     if rows < QUANTIZE_PARALLEL_ROWS {

@@ -15,29 +15,55 @@ pub struct Q8K;
 /// `quantize`, with a NaN scale where the 256 values hold a NaN or ±Inf, so every product
 /// the activation feeds is NaN (ggml's max skips a NaN and would quantise the rest as if it
 /// were absent): the activation side of the K-quant products.
+#[inline(always)]
 pub fn quantize_activation(x: &[f32]) -> (f32, [i8; 256], [i16; 16]) {
     let (d, q, sums) = quantize(x);
-    let finite = x[..256].iter().all(|v| v.is_finite());
+    let finite = x[..256].iter().fold(true, |f, v| f & v.is_finite());
     (if finite { d } else { f32::NAN }, q, sums)
 }
 
-/// (d, codes, sums of 16) of 256 values, exactly `quantize_row_q8_K_ref`.
+/// (d, codes, sums of 16) of 256 values, exactly `quantize_row_q8_K_ref`. Its scan keeps the
+/// first value of the largest magnitude (`>` skips NaNs and later ties); here the largest
+/// magnitude comes from a branch-free max over 16 lanes (the same `>` select, so the same
+/// value) and the value is the first whose magnitude equals it, found a 16-value chunk at a
+/// time, so the loops vectorise: the branchy scan and per-value codes took ~23% of a 256-row
+/// Q4_K product at batch 4.
+#[inline(always)]
 pub fn quantize(x: &[f32]) -> (f32, [i8; 256], [i16; 16]) {
-    let x = &x[..256];
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
+    let x: &[f32; 256] = x[..256].try_into().expect("256 values");
+    let mut lanes = [0.0f32; 16];
+    for chunk in x.chunks_exact(16) {
+        for (m, v) in lanes.iter_mut().zip(chunk) {
+            let a = v.abs();
+            *m = if a > *m { a } else { *m };
         }
     }
+    let amax = lanes.iter().fold(0.0f32, |m, &a| if a > m { a } else { m });
     if amax == 0.0 {
         return (0.0, [0; 256], [0; 16]);
     }
+    // The first value of magnitude amax: the first 16-value chunk holding one (a branch-free
+    // test per chunk), then its place in that chunk.
+    let holds = |chunk: &[f32]| chunk.iter().fold(false, |f, v| f | (v.abs() == amax));
+    let c = x
+        .chunks_exact(16)
+        .position(holds)
+        .expect("amax is some |x|");
+    let at = 16 * c
+        + x[16 * c..]
+            .iter()
+            .position(|v| v.abs() == amax)
+            .expect("in chunk c");
+    let max = x[at];
     let iscale = -127.0 / max;
-    let q: [i8; 256] = std::array::from_fn(|j| nearest_int(iscale * x[j]).min(127) as i8);
-    let sums: [i16; 16] =
-        std::array::from_fn(|j| q[16 * j..16 * j + 16].iter().map(|&c| c as i16).sum());
+    let mut q = [0i8; 256];
+    for (c, &v) in q.iter_mut().zip(x) {
+        *c = nearest_int(iscale * v).min(127) as i8;
+    }
+    let mut sums = [0i16; 16];
+    for (s, codes) in sums.iter_mut().zip(q.chunks_exact(16)) {
+        *s = codes.iter().map(|&c| c as i16).sum();
+    }
     (1.0 / iscale, q, sums)
 }
 
