@@ -388,7 +388,7 @@ fn run_tiles_in<const S: usize>(
                         // As the 32-value tiles: with more activations than a pass takes,
                         // the tile goes in pieces, every pass over a piece while it is in L1.
                         let (codes, scales) = (w.codes(t, 0), w.scales(t, 0));
-                        let (f, nb, pass) = (w.format, w.blocks(), crate::packed_q4k::K_PASS);
+                        let (f, nb, pass) = (w.format, w.blocks(), crate::packed_q4k::k_pass(isa));
                         let piece = if span > pass { piece_blocks(f) } else { nb };
                         for k0 in (0..nb).step_by(piece) {
                             let ks = k0..(k0 + piece).min(nb);

@@ -19,7 +19,7 @@ use crate::WeightFormat;
 use kernel_cpu::Isa;
 
 /// out[b][r] += row r of one K-quant tile (`format`: Q4_K or Q6_K) · activation b over the
-/// tile-blocks `blocks`, for up to `K_PASS` activations, at tier `isa` (allowed on the
+/// tile-blocks `blocks`, for up to `k_pass(isa)` activations, at tier `isa` (allowed on the
 /// caller's thread); `codes` and `scales` start at the tile's first tile-block
 /// (`PackedMatrix::codes(t, 0)` / `scales(t, 0)`). `out` holds the sums of the blocks before
 /// `blocks` (zero for the first), so a tile walked in pieces gives the bits of one walk. The
@@ -34,7 +34,7 @@ pub(crate) fn tile_dot(
     isa: Isa,
 ) {
     assert!(matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K));
-    assert!(!acts.is_empty() && acts.len() <= K_PASS && out.len() == acts.len());
+    assert!(!acts.is_empty() && acts.len() <= k_pass(isa) && out.len() == acts.len());
     let q6 = format == WeightFormat::Q6_K;
     let (cb, sb) = (code_bytes(format), scale_bytes(format));
     let nb = blocks.end;
@@ -72,11 +72,28 @@ pub(crate) fn tile_dot(
                     }
                 }};
             }
+            // Passes past 4 only where `k_pass` gives them: the VNNI bodies.
+            macro_rules! vnni_only {
+                ($n:literal) => {{
+                    let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
+                    let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
+                    let b = blocks.clone();
+                    if q6 {
+                        crate::avx512::packed_k::tile_q6k::<$n>(codes, scales, b, a, o)
+                    } else {
+                        crate::avx512::packed_k::tile_q4k::<$n>(codes, scales, b, a, o)
+                    }
+                }};
+            }
             match acts.len() {
                 1 => go!(1),
                 2 => go!(2),
                 3 => go!(3),
-                _ => go!(4),
+                4 => go!(4),
+                5 => vnni_only!(5),
+                6 => vnni_only!(6),
+                7 => vnni_only!(7),
+                _ => vnni_only!(8),
             }
         }
         return;
@@ -101,9 +118,21 @@ pub(crate) fn tile_dot(
     }
 }
 
-/// Activations per pass over a K-quant tile, at every tier (the portable tier's SSE2 cores
-/// widen a code vector once for the pass), and the most one call takes. Measured on SmolLM2
-/// Q4_K_M at 2 threads (AVX-512 VNNI, decode at B 8/16/32, three alternated rounds): 8 a pass
-/// with AVX-512 was no faster than 4 (B 32: 553–728 tokens/s against 586–811), so the wider
-/// body was not kept.
-pub(crate) const K_PASS: usize = 4;
+/// Activations per pass over a K-quant tile at tier `isa`: 8 with AVX-512 VNNI (its 32 zmm
+/// registers), 4 on AVX2 and the portable tier (the portable SSE2 cores widen a code vector
+/// once for the pass). An earlier measurement found 8 no faster than 4 with AVX-512 (SmolLM2
+/// Q4_K_M decode at B 8/16/32), when the Q8_K quantiser took ~30% of a K-quant product; with
+/// the vectorised quantiser (`act_q8k::quantize_at`), `tile_rate` at SmolLM2's ffn_down shape
+/// (576 × 1536, one thread, alternated) gives Q4_K 128 → 148 GMAC/s at 5 activations and
+/// 140 → 150 at 8, Q6_K 92 → 112 and 106 → 121; at 12–64 between −2% and +7%, at 512 between
+/// −12% and +5% over two runs (this VM's noise at prompt sizes).
+pub(crate) fn k_pass(isa: Isa) -> usize {
+    if isa.has_avx512_vnni() {
+        K_PASS_MAX
+    } else {
+        4
+    }
+}
+
+/// Most activations one K-quant tile call takes.
+pub(crate) const K_PASS_MAX: usize = 8;
