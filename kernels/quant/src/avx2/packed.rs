@@ -39,8 +39,7 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
     out: &mut [[f32; 16]; B],
 ) {
     assert!(acts.covers(B, blocks.end));
-    // Passes of up to 8 for Q4 (their sums are i16 vectors), up to 4 for Q5_0 and Q8_0
-    // (`packed::pass`).
+    // Passes of up to 8 for Q4, up to 4 for Q5_0 and Q8_0 (`packed::pass`, as measured).
     assert!(B <= 4 || (B <= 8 && matches!(format, WeightFormat::Q4_0 | WeightFormat::Q4_1)));
     match format {
         WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, blocks, acts, out),
