@@ -1240,3 +1240,49 @@ fn serving_with_speculation_on_a_real_text_records_the_text_and_acceptance() {
     let md = fs::read_to_string(files_with_ext(&dir, "md")[0].clone()).unwrap();
     assert!(md.contains("Speculation inside the engine against"), "{md}");
 }
+
+#[test]
+fn a_product_that_takes_none_of_the_models_formats_writes_skipped_rows_saying_why() {
+    // `packed` takes no f32 weights: its points were dropped without a row (a Q5_K_M file
+    // judged by one layer's format wrote an empty run); now each is a skipped row with the
+    // reason, and the product that does apply runs beside it.
+    let s = Setup::new("decode_none");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    fs::copy(
+        repo.join("decode_roofline.toml"),
+        s.exps.join("decode_roofline.toml"),
+    )
+    .unwrap();
+    let args = [
+        "exp",
+        "decode_roofline",
+        "--quick",
+        "--no-peers",
+        "--threads",
+        "1",
+        "--reps",
+        "1",
+        "--set",
+        "weights=f32",
+        "--set",
+        "matmul=packed,fused",
+        "--set",
+        "batch=1",
+    ];
+    let out = s.run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rows = common::csv_rows(&s.results.join("decode_roofline"));
+    let packed: Vec<_> = rows.iter().filter(|r| r["matmul"] == "packed").collect();
+    assert_eq!(packed.len(), 2, "decode batch 1 and the prefill: {rows:?}");
+    for r in packed {
+        assert_eq!(r["status"], "skipped");
+        assert!(
+            r["note"].contains("takes none") && r["note"].contains("f32"),
+            "{}",
+            r["note"]
+        );
+    }
+    assert!(rows
+        .iter()
+        .any(|r| r["matmul"] == "fused" && r["status"] == "ok"));
+}

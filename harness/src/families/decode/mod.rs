@@ -344,9 +344,36 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 vec![]
             };
             for (mname, variant) in &matmuls {
-                // A product that takes none of the model's formats would only repeat `fused`.
-                let format = m.layers[0].wo.format();
-                if kernel_quant::supports(*variant, format).is_err() {
+                // A product that takes none of the model's formats would only repeat `fused`:
+                // its points are `skipped` rows that say so (a mix such as Q5_K_M's Q5_1 and
+                // Q6_K runs where any layer's weights take it, the rest on their fallback).
+                let formats: std::collections::BTreeSet<String> = m
+                    .layers
+                    .iter()
+                    .flat_map(|l| l.projections())
+                    .flat_map(|p| p.parts.iter().map(|w| w.format()))
+                    .map(|f| f.to_string())
+                    .collect();
+                let takes_some = m
+                    .layers
+                    .iter()
+                    .flat_map(|l| l.projections())
+                    .flat_map(|p| p.parts.iter())
+                    .any(|w| kernel_quant::supports(*variant, w.format()).is_ok());
+                if !takes_some {
+                    let ctx = ctx_for(&m);
+                    let note = format!(
+                        "{mname} takes none of this model's weight formats ({}); it would \
+                         repeat their fallback product",
+                        formats.into_iter().collect::<Vec<_>>().join(", ")
+                    );
+                    let phases = batches.iter().map(|&b| decode_phase(b));
+                    let phases = phases
+                        .chain(prefill.iter().map(|&p| prefill_phase(p)))
+                        .chain(verify.iter().map(|&k| verify_phase(k)));
+                    for phase in phases {
+                        rows.push(ctx.skipped("model", mname, &phase, note.clone()));
+                    }
                     bar.inc(points as u64);
                     continue;
                 }
