@@ -148,6 +148,13 @@ impl Setup {
         }
     }
 
+    /// The repository's spec `experiments/<name>.toml` copied into this setup's experiments.
+    fn copy_spec(&self, name: &str) {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+        let file = format!("{name}.toml");
+        fs::copy(repo.join(&file), self.exps.join(&file)).unwrap();
+    }
+
     /// `harness <args> --experiments-dir <exps> --results-dir <results>`.
     fn run(&self, args: &[&str]) -> Output {
         let mut all: Vec<&str> = args.to_vec();
@@ -318,7 +325,6 @@ fn bad_quant_grids_are_one_line() {
 fn bad_pipeline_experiments_write_nothing() {
     // Models, drafters, lengths and formats are checked before results/ is touched.
     let s = Setup::new("bad_pipeline");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
     for name in [
         "batching",
         "decode_roofline",
@@ -326,8 +332,7 @@ fn bad_pipeline_experiments_write_nothing() {
         "kv_alloc",
         "serving_spec",
     ] {
-        let file = format!("{name}.toml");
-        fs::copy(repo.join(&file), s.exps.join(&file)).unwrap();
+        s.copy_spec(name);
     }
     let quick = |extra: &[&'static str]| -> Vec<&'static str> {
         let mut a = vec!["exp", "--quick"];
@@ -718,12 +723,7 @@ fn tiny_kv_precision_experiment_writes_rows_and_plots() {
 #[test]
 fn verify_cost_rows_count_a_k_token_step_in_one_token_steps() {
     let s = Setup::new("verify_cost");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
-    fs::copy(
-        repo.join("verify_cost.toml"),
-        s.exps.join("verify_cost.toml"),
-    )
-    .unwrap();
+    s.copy_spec("verify_cost");
     let out = s.run(&["exp", "verify_cost", "--quick", "--threads", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let csv_path = files_with_ext(&s.results.join("verify_cost"), "csv").remove(0);
@@ -1209,12 +1209,7 @@ fn serving_with_speculation_on_a_real_text_records_the_text_and_acceptance() {
     // Prompts cut from a text (here a small repetitive file, so prompt lookup finds drafts),
     // speculation inside the engine beside the same engine without it.
     let s = Setup::new("serving_text");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
-    fs::copy(
-        repo.join("serving_spec.toml"),
-        s.exps.join("serving_spec.toml"),
-    )
-    .unwrap();
+    s.copy_spec("serving_spec");
     let corpus = s.exps.join("corpus.txt");
     fs::write(&corpus, "for i in 0..n { total += x[i]; }\n".repeat(40)).unwrap();
     let set = format!("text={}", corpus.display());
@@ -1247,12 +1242,7 @@ fn a_product_that_takes_none_of_the_models_formats_writes_skipped_rows_saying_wh
     // judged by one layer's format wrote an empty run); now each is a skipped row with the
     // reason, and the product that does apply runs beside it.
     let s = Setup::new("decode_none");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
-    fs::copy(
-        repo.join("decode_roofline.toml"),
-        s.exps.join("decode_roofline.toml"),
-    )
-    .unwrap();
+    s.copy_spec("decode_roofline");
     let args = [
         "exp",
         "decode_roofline",
