@@ -343,29 +343,28 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             } else {
                 vec![]
             };
+            // The model's weight formats (the products change their layout, not their format).
+            let formats: std::collections::BTreeMap<String, WeightFormat> = m
+                .layers
+                .iter()
+                .flat_map(|l| l.projections())
+                .flat_map(|p| p.parts.iter().map(|w| w.format()))
+                .map(|f| (f.to_string(), f))
+                .collect();
             for (mname, variant) in &matmuls {
                 // A product that takes none of the model's formats would only repeat `fused`:
                 // its points are `skipped` rows that say so (a mix such as Q5_K_M's Q5_1 and
                 // Q6_K runs where any layer's weights take it, the rest on their fallback).
-                let formats: std::collections::BTreeSet<String> = m
-                    .layers
-                    .iter()
-                    .flat_map(|l| l.projections())
-                    .flat_map(|p| p.parts.iter().map(|w| w.format()))
-                    .map(|f| f.to_string())
-                    .collect();
-                let takes_some = m
-                    .layers
-                    .iter()
-                    .flat_map(|l| l.projections())
-                    .flat_map(|p| p.parts.iter())
-                    .any(|w| kernel_quant::supports(*variant, w.format()).is_ok());
-                if !takes_some {
+                if !formats
+                    .values()
+                    .any(|&f| kernel_quant::supports(*variant, f).is_ok())
+                {
                     let ctx = ctx_for(&m);
+                    let names: Vec<&str> = formats.keys().map(String::as_str).collect();
                     let note = format!(
                         "{mname} takes none of this model's weight formats ({}); it would \
                          repeat their fallback product",
-                        formats.into_iter().collect::<Vec<_>>().join(", ")
+                        names.join(", ")
                     );
                     let phases = batches.iter().map(|&b| decode_phase(b));
                     let phases = phases
