@@ -76,10 +76,11 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub weights: Option<String>,
     /// The product of every projection. packed (default): int8 activations on 16-row
-    /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q8_0, q4_k);
-    /// fused:act=q8: the same arithmetic on row-major weights; fused: f32 activations, the
-    /// arithmetic of transformers' float32 reference (its greedy text). A format packed does
-    /// not tile (q5_0, q6_k, … in a file's mix) gets fused:act=q8; others fused. Add isa=avx2 etc. to pin a tier (see --isa).
+    /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q5_0, q5_1,
+    /// q8_0, q4_k, q5_k, q6_k); fused:act=q8: the same arithmetic on row-major weights; fused:
+    /// f32 activations, the arithmetic of transformers' float32 reference (its greedy text). A
+    /// format packed does not tile (iq4_nl, q2_k, q3_k in a file's mix) gets fused:act=q8;
+    /// others fused. Add isa=avx2 etc. to pin a tier (see --isa).
     #[arg(long, default_value = "packed")]
     pub matmul: String,
     /// MoE capacity: dropless (default) or a factor such as 1.25.

@@ -54,7 +54,7 @@ pub mod packed_layout;
 /// The portable tier's bodies of the packed tiles (SSE2 integer cores on x86-64, plain loops
 /// elsewhere).
 pub mod packed_portable;
-/// The K-quant packed products (Q4_K, Q6_K): Q8_K activations and the dispatch.
+/// The K-quant packed products (Q4_K, Q5_K, Q6_K): Q8_K activations and the dispatch.
 pub mod packed_q4k;
 /// What the in-register kernels know of a format; header readers; per-format dispatch.
 pub mod plan;

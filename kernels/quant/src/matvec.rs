@@ -91,7 +91,7 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     }
     if matches!(variant, MatVecVariant::Packed(_)) && !crate::packed::packable(format) {
         return Err(KernelError::Unsupported(format!(
-            "packed takes q4_0, q4_1, q5_0, q8_0, q4_k and q6_k, not {format}"
+            "packed takes q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k, not {format}"
         )));
     }
     if matches!(variant, MatVecVariant::FusedQ8(_))
@@ -115,10 +115,11 @@ pub fn activation_as_seen(
     cols: usize,
 ) -> Vec<f32> {
     match variant {
-        MatVecVariant::Packed(_) if matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K) => x
-            .chunks(cols)
-            .flat_map(crate::packed_q4k::activation_as_seen)
-            .collect(),
+        MatVecVariant::Packed(_) if crate::packed::block_values(format) == crate::packed::SUPER => {
+            x.chunks(cols)
+                .flat_map(crate::packed_q4k::activation_as_seen)
+                .collect()
+        }
         MatVecVariant::FusedQ8(_) if codec_kernels::supports(format) => x
             .chunks(cols)
             .flat_map(|xb| codec_kernels::act::activation_as_seen(format, xb))

@@ -20,6 +20,8 @@
 //!   s = the 5th bit of code(r, 4s + b), so one shift and one mask put k-step s's 5th bits at
 //!   bit 4 of every lane byte (the AVX2 kernel's extra cost: 3 ops per k-step and 8 rows,
 //!   shared by the pass's activations). Scales: 16 f16 d. Product: Σ(c − 16)·q = Σc·q − 16·Σq.
+//! - Q5_1 (value d·c + m, c = 0..31): Q5_0's codes, Q4_1's scales (16 f16 d, then 16 f16 m);
+//!   product d·d_x·Σc·q + m·d_x·Σq, as Q4_1's.
 //!
 //! - Q4_K (super-blocks of 256: 8 sub-blocks of 32 with 6-bit scales sc and minimums m):
 //!   a tile-block is 16 rows × one super-block; its codes are 8 Q4_0-style sub-tiles of 256
@@ -30,6 +32,9 @@
 //!   arithmetic: the activation quantised to Q8_K (per-256 scale, sums per 32), per sub-block
 //!   an exact Σc·q times sc, the minimums as Σ m·Σq, both integer per super-block, then
 //!   d·d_x·Σ − dmin·d_x·Σmin in f32.
+//! - Q5_K (Q4_K with 5-bit codes): Q4_K's scales; its codes 8 sub-tiles of 320 bytes, each a
+//!   Q5_0 tile-block's codes (nibbles, then the 5th-bit plane). The product is Q4_K's
+//!   (`vec_dot_q5_K_q8_K`), the 5th bits OR-ed into the unpacked codes as Q5_0's.
 //! - Q6_K (super-blocks of 256: 16 groups of 16 with i8 scales, 6-bit codes c, value
 //!   d·s·(c − 32)): per sub-block of 32, Q4_0-style nibbles (256 bytes) then the top 2 bits
 //!   (128 bytes: group g of k-steps 4g..4g+4, byte 4r + b, bits 2t..2t+2 of k-step 4g + t);
@@ -37,9 +42,9 @@
 //!   `vec_dot_q6_K_q8_K`: Σ_G s_G·Σc·q exact in i32, less 32·Σ_G s_G·Σq (Q8_K's sums of
 //!   16), times d·d_x (`packed_q4k`).
 //!
-//! Codes + scales are 16 × the ggml block (288, 320, 352, 544, Q6_K 3360 bytes; Q4_K
-//! 2368 = 16 × 144 + 64), so packing costs no memory beyond padding the last tile to 16 rows
-//! (Q4_K: 2.8% for the unpacked 6-bit fields). Where each block's bytes go is
+//! Codes + scales are 16 × the ggml block (288, 320, 352, 384, 544, Q6_K 3360 bytes; Q4_K
+//! 2368 = 16 × 144 + 64, Q5_K 2880 = 16 × 176 + 64), so packing costs no memory beyond padding the last tile to 16 rows
+//! (Q4_K: 2.8% for the unpacked 6-bit fields, Q5_K 2.3%). Where each block's bytes go is
 //! `packed_codes`.
 //!
 //! The arithmetic is the row-major `FusedQ8`'s exactly — per block an exact integer
@@ -63,8 +68,8 @@ use kernel_cpu::{team, Isa};
 const TASK_TILES: usize = 2;
 /// Activations per pass over a tile of `format` at `isa`: 8 for the 32-value formats with
 /// AVX-512 VNNI (32 zmm registers hold 8 accumulators, the block's 8 code vectors and the
-/// sums) and for Q4_0 / Q4_1 with AVX2, 4 elsewhere (the K-quant kernels; Q5_0 and Q8_0 with
-/// AVX2, whose 16 ymm registers hold 4 activations' sums beside their codes). AVX2 Q4 at 8,
+/// sums) and for Q4_0 / Q4_1 with AVX2, 4 elsewhere (the K-quant kernels; Q5_0, Q5_1 and Q8_0
+/// with AVX2, whose 16 ymm registers hold 4 activations' sums beside their codes). AVX2 Q4 at 8,
 /// measured on a Zen 4 core: in L2 (`tile_rate`, 256 × 576, one thread) 77–82 GMAC/s at 5–8
 /// activations and 78–81 at 64–512 against 57–76 with passes of 4, and a SmolLM2 Q4_0
 /// 8-token step at 2 threads 4% faster (alternated A/B). Q8_0 at 8 was 5% faster in L2 and
@@ -78,7 +83,8 @@ fn pass(format: WeightFormat, isa: Isa) -> usize {
     }
 }
 
-/// A weight matrix in Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K laid out as 16-row tiles.
+/// A weight matrix in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K laid out as 16-row
+/// tiles.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedMatrix {
     pub format: WeightFormat,
@@ -102,8 +108,10 @@ pub fn packable(format: WeightFormat) -> bool {
         WeightFormat::Q4_0
             | WeightFormat::Q4_1
             | WeightFormat::Q5_0
+            | WeightFormat::Q5_1
             | WeightFormat::Q8_0
             | WeightFormat::Q4_K
+            | WeightFormat::Q5_K
             | WeightFormat::Q6_K
     )
 }
@@ -143,7 +151,7 @@ impl PackedMatrix {
     pub fn pack(m: &QuantMatrix) -> Result<PackedMatrix> {
         if !packable(m.format) {
             return Err(KernelError::Unsupported(format!(
-                "packed tiles take q4_0, q4_1, q5_0, q8_0, q4_k and q6_k, not {}",
+                "packed tiles take q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k, not {}",
                 m.format
             )));
         }
@@ -314,7 +322,8 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
 
 /// The offset the tile kernels take off a 32-value format's codes: Q4_0's 8 and Q5_0's 16
 /// (stored unsigned), Q8_0's 128 (flipped to unsigned for the VNNI kernel; the AVX2 one
-/// multiplies signed codes and reads no offset), none for Q4_1 (its minimum is separate).
+/// multiplies signed codes and reads no offset), none for Q4_1 and Q5_1 (their minimum is
+/// separate).
 fn code_offset(format: WeightFormat) -> i32 {
     match format {
         WeightFormat::Q4_0 => 8,
@@ -613,13 +622,13 @@ mod tests {
     #[test]
     fn every_batch_from_1_to_64_and_past_a_span_matches_the_f64_product_at_every_tier() {
         // Each pass size's tails (AVX-512 takes 8 activations a pass, AVX2 8 of Q4 and 4 of
-        // Q5_0 / Q8_0, portable 4),
+        // Q5_0 / Q5_1 / Q8_0, portable 4),
         // with a partial last tile, tiles in pieces (17 blocks: 14 + 3 of Q4_0, 11 + 6 of Q5_0,
-        // 7 + 7 + 3 of Q8_0) and batches past one task's span of 64; the f64 product of the
+        // 10 + 7 of Q5_1, 7 + 7 + 3 of Q8_0) and batches past one task's span of 64; the f64 product of the
         // decoded weights with the activation as the kernel sees it (d·q) is the reference.
         let (rows, cols) = (40, 17 * 32);
         assert!(piece_blocks(WeightFormat::Q4_1) < 17 && piece_blocks(WeightFormat::Q8_0) < 8);
-        for name in ["q4_0", "q4_1", "q5_0", "q8_0"] {
+        for name in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"] {
             let (p, dec) = packed_and_decoded(name, rows, cols, 7);
             let x: Vec<f32> = WeightDist::Gaussian.sample(131, cols, 11);
             let seen: Vec<f32> = x
@@ -651,13 +660,13 @@ mod tests {
 
     #[test]
     fn k_quant_tiles_in_pieces_match_the_f64_product_and_one_activation_bit_for_bit() {
-        // Q4_K and Q6_K over 3 super-blocks (3 pieces once a batch takes more than one
+        // Q4_K, Q5_K and Q6_K over 3 super-blocks (3 pieces once a batch takes more than one
         // pass), a partial last tile, batches 1..=16 and past a span, at every tier: within
         // f32 rounding of the f64 product, and each activation's sums the bits it gets alone
         // (the pieces chain one accumulation, so batching changes nothing).
         let (rows, cols) = (40, 3 * SUPER);
         assert_eq!(piece_blocks(WeightFormat::Q4_K), 1);
-        for name in ["q4_k", "q6_k"] {
+        for name in ["q4_k", "q5_k", "q6_k"] {
             let (p, dec) = packed_and_decoded(name, rows, cols, 5);
             let x: Vec<f32> = WeightDist::Gaussian.sample(65, cols, 13);
             let seen: Vec<f32> = x
@@ -691,8 +700,62 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_codes_against_the_largest_activations_stay_exact_at_every_tier() {
+        // Every code at its largest (all code bits set; Q8_0 at 127) with unit f16 scales,
+        // against activations quantised to ±127 everywhere: the integer sums at their bound
+        // (an AVX2 i16 sum over 8 k-steps of 5-bit codes would wrap: 8 · 2 · 31 · 127 > 32767),
+        // batch 1 and a full pass, within f32 rounding of the f64 product.
+        for name in [
+            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+        ] {
+            let f = WeightFormat::parse(name).unwrap();
+            let (rows, cols) = (16, 2 * block_values(f));
+            let mut block = vec![0xFFu8; f.block_bytes()];
+            let one = [0x00, 0x3C]; // f16 1.0
+            match f {
+                WeightFormat::Q6_K => block[208..210].copy_from_slice(&one),
+                WeightFormat::Q8_0 => {
+                    block[2..].fill(0x7F);
+                    block[..2].copy_from_slice(&one);
+                }
+                _ => {
+                    for h in 0..if f.header_bytes() >= 4 { 2 } else { 1 } {
+                        block[2 * h..2 * h + 2].copy_from_slice(&one);
+                    }
+                }
+            }
+            let bytes = block.repeat(rows * cols / block_values(f));
+            let m = QuantMatrix::from_bytes(f, rows, cols, bytes).unwrap();
+            let mut dec = vec![0.0f32; rows * cols];
+            for (r, row) in dec.chunks_exact_mut(cols).enumerate() {
+                m.decode_row_range(r, 0, row, &mut vec![]);
+            }
+            let p = PackedMatrix::pack(&m).unwrap();
+            for sign in [1.0f32, -1.0] {
+                let x = vec![sign; 8 * cols];
+                let seen = crate::matvec::activation_as_seen(
+                    crate::MatVecVariant::Packed(None),
+                    f,
+                    &x,
+                    cols,
+                );
+                for isa in kernel_cpu::isa::runnable() {
+                    for batch in [1, 8] {
+                        let mut y = vec![f32::NAN; batch * rows];
+                        matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
+                        let what = format!("{name} {isa} batch {batch} sign {sign}");
+                        assert_near_f64_product(&y, &dec, &seen[..batch * cols], cols, &what);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn pack_unpack_and_rows_round_trip() {
-        for name in ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"] {
+        for name in [
+            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+        ] {
             let f = WeightFormat::parse(name).unwrap();
             let cols = 3 * block_values(f);
             for rows in [1usize, 15, 16, 17, 40] {

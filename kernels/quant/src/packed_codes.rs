@@ -5,7 +5,8 @@
 
 use crate::format::WeightFormat;
 use crate::packed_layout::{
-    code_bytes, scale_bytes, BLOCK, Q4K_MN, Q4K_SC, Q5_HI, Q6K_HI, Q6K_SC, Q6K_SUB, SUPER, TILE,
+    code_bytes, scale_bytes, BLOCK, Q4K_MN, Q4K_SC, Q5K_SUB, Q5_HI, Q6K_HI, Q6K_SC, Q6K_SUB, SUPER,
+    TILE,
 };
 
 /// Writes 32 codes (values 0..15) of row r into a Q4_0-style sub-tile of 256 bytes: group j,
@@ -45,14 +46,60 @@ fn q4k_codes(bytes: &[u8]) -> [u8; SUPER] {
     c
 }
 
-/// The 32 codes (0..31) of a ggml Q5_0 block: nibble j of the 16 code bytes (low nibbles
-/// first) with bit j of the little-endian `qh` as the 5th bit.
+/// The 32 codes (0..31) of a ggml Q5_0 / Q5_1 block whose `qh` starts at `bytes[0]`: nibble j
+/// of the 16 code bytes after it (low nibbles first) with bit j of the little-endian `qh` as
+/// the 5th bit.
 fn q5_codes(bytes: &[u8]) -> [u8; BLOCK] {
-    let qh = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
+    let qh = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     std::array::from_fn(|j| {
-        let nibble = (bytes[6 + j % 16] >> (4 * (j / 16))) & 0x0F;
+        let nibble = (bytes[4 + j % 16] >> (4 * (j / 16))) & 0x0F;
         nibble | (((qh >> j) & 1) as u8) << 4
     })
+}
+
+/// Writes 32 codes (0..31) of row r into a Q5_0-style sub-tile (`Q5_HI` + 64 bytes): the low
+/// 4 bits as `put_nibbles`, the 5th bits in the plane (byte 4r + b, bit s = code 4s + b's).
+fn put_q5_sub(codes: &mut [u8], r: usize, c: &[u8]) {
+    put_nibbles(codes, r, c);
+    for b in 0..4 {
+        codes[Q5_HI + 4 * r + b] = (0..8).map(|s| (c[4 * s + b] >> 4) << s).sum();
+    }
+}
+
+/// The 32 codes (0..31) of row r in a Q5_0-style sub-tile.
+fn get_q5_sub(codes: &[u8], r: usize) -> [u8; BLOCK] {
+    let mut c = get_nibbles(codes, r);
+    for (v, cv) in c.iter_mut().enumerate() {
+        *cv |= ((codes[Q5_HI + 4 * r + v % 4] >> (v / 4)) & 1) << 4;
+    }
+    c
+}
+
+/// The 256 codes (0..31) of a ggml Q5_K block, in value order (`kquants::q4_k`'s layout:
+/// byte 48 + 32h + i holds value 64h + i low and 64h + 32 + i high, whose 5th bits are bits
+/// 2h and 2h + 1 of byte 16 + i).
+fn q5k_codes(bytes: &[u8]) -> [u8; SUPER] {
+    let mut c = [0u8; SUPER];
+    for h in 0..4 {
+        for i in 0..32 {
+            let (byte, high) = (bytes[48 + 32 * h + i], bytes[16 + i] >> (2 * h));
+            c[64 * h + i] = (byte & 0x0F) | (high & 1) << 4;
+            c[64 * h + 32 + i] = (byte >> 4) | (high & 2) << 3;
+        }
+    }
+    c
+}
+
+/// The ggml Q5_K code bytes (`out[16..176]`: 5th bits, then nibbles) of 256 codes.
+fn put_q5k_codes(c: &[u8; SUPER], out: &mut [u8]) {
+    out[16..48].fill(0);
+    for h in 0..4 {
+        for i in 0..32 {
+            let (l1, l2) = (c[64 * h + i], c[64 * h + 32 + i]);
+            out[16 + i] |= (l1 >> 4) << (2 * h) | (l2 >> 4) << (2 * h + 1);
+            out[48 + 32 * h + i] = (l1 & 0x0F) | (l2 & 0x0F) << 4;
+        }
+    }
 }
 
 /// The 256 codes (0..63) of a ggml Q6_K block, in value order (`kquants::q6_k`'s layout).
@@ -107,10 +154,20 @@ pub(crate) fn put_block(
 ) {
     debug_assert!(codes.len() >= code_bytes(format) && scales.len() >= scale_bytes(format));
     match format {
-        WeightFormat::Q4_K => {
-            let c = q4k_codes(block);
+        WeightFormat::Q4_K | WeightFormat::Q5_K => {
+            let five = format == WeightFormat::Q5_K;
+            let c = if five {
+                q5k_codes(block)
+            } else {
+                q4k_codes(block)
+            };
             for j in 0..8 {
-                put_nibbles(&mut codes[256 * j..], r, &c[32 * j..32 * j + 32]);
+                let cj = &c[32 * j..32 * j + 32];
+                if five {
+                    put_q5_sub(&mut codes[Q5K_SUB * j..], r, cj);
+                } else {
+                    put_nibbles(&mut codes[256 * j..], r, cj);
+                }
                 let (sc, mn) = crate::kquants::get_scale_min_k4(j, &block[4..16]);
                 scales[Q4K_SC + TILE * j + r] = sc;
                 scales[Q4K_MN + TILE * j + r] = mn;
@@ -118,13 +175,13 @@ pub(crate) fn put_block(
             put_f16_row(scales, 0, r, &block[0..2]);
             put_f16_row(scales, 32, r, &block[2..4]);
         }
-        WeightFormat::Q5_0 => {
-            let c = q5_codes(block);
-            put_nibbles(codes, r, &c);
-            for b in 0..4 {
-                codes[Q5_HI + 4 * r + b] = (0..8).map(|s| (c[4 * s + b] >> 4) << s).sum();
+        WeightFormat::Q5_0 | WeightFormat::Q5_1 => {
+            // d (and Q5_1's m) as 16 consecutive f16 each, then qh and the nibbles.
+            let header = format.header_bytes();
+            put_q5_sub(codes, r, &q5_codes(&block[header..]));
+            for h in 0..header / 2 {
+                put_f16_row(scales, 32 * h, r, &block[2 * h..]);
             }
-            put_f16_row(scales, 0, r, &block[0..2]);
         }
         WeightFormat::Q6_K => {
             let c = q6k_codes(block);
@@ -170,7 +227,7 @@ fn f16_row(from: &[u8], at: usize, r: usize) -> [u8; 2] {
 pub(crate) fn get_block(format: WeightFormat, r: usize, codes: &[u8], scales: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; format.block_bytes()];
     match format {
-        WeightFormat::Q4_K => {
+        WeightFormat::Q4_K | WeightFormat::Q5_K => {
             out[0..2].copy_from_slice(&f16_row(scales, 0, r));
             out[2..4].copy_from_slice(&f16_row(scales, 32, r));
             let ls: [u8; 8] = std::array::from_fn(|j| scales[Q4K_SC + TILE * j + r]);
@@ -178,21 +235,29 @@ pub(crate) fn get_block(format: WeightFormat, r: usize, codes: &[u8], scales: &[
             crate::kquants::put_scale_min_k4(&ls, &lm, &mut out[4..16]);
             let mut c = [0u8; SUPER];
             for j in 0..8 {
-                c[32 * j..32 * j + 32].copy_from_slice(&get_nibbles(&codes[256 * j..], r));
+                let cj = if format == WeightFormat::Q5_K {
+                    get_q5_sub(&codes[Q5K_SUB * j..], r)
+                } else {
+                    get_nibbles(&codes[256 * j..], r)
+                };
+                c[32 * j..32 * j + 32].copy_from_slice(&cj);
             }
-            for h in 0..4 {
-                for i in 0..32 {
-                    out[16 + 32 * h + i] = c[64 * h + i] | c[64 * h + 32 + i] << 4;
+            if format == WeightFormat::Q5_K {
+                put_q5k_codes(&c, &mut out);
+            } else {
+                for h in 0..4 {
+                    for i in 0..32 {
+                        out[16 + 32 * h + i] = c[64 * h + i] | c[64 * h + 32 + i] << 4;
+                    }
                 }
             }
         }
-        WeightFormat::Q5_0 => {
-            let mut c = get_nibbles(codes, r);
-            for (v, cv) in c.iter_mut().enumerate() {
-                *cv |= ((codes[Q5_HI + 4 * r + v % 4] >> (v / 4)) & 1) << 4;
+        WeightFormat::Q5_0 | WeightFormat::Q5_1 => {
+            let header = format.header_bytes();
+            for h in 0..header / 2 {
+                out[2 * h..2 * h + 2].copy_from_slice(&f16_row(scales, 32 * h, r));
             }
-            out[0..2].copy_from_slice(&f16_row(scales, 0, r));
-            crate::ggml::put_q5(&c, &mut out[2..]);
+            crate::ggml::put_q5(&get_q5_sub(codes, r), &mut out[header..]);
         }
         WeightFormat::Q6_K => {
             let mut c = [0u8; SUPER];

@@ -1,5 +1,5 @@
-//! The portable tier's bodies of the packed tiles (`crate::packed`: Q4_0, Q4_1, Q5_0, Q8_0,
-//! Q4_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the AVX2 / AVX-512
+//! The portable tier's bodies of the packed tiles (`crate::packed`: Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0, Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the AVX2 / AVX-512
 //! bodies, with no instruction beyond the baseline ISA, for up to 4 activations a pass. The
 //! integer cores (`cores`) give Σc·q per row of one tile-block piece — a 32-value block, a
 //! K-quant sub-block, a Q6_K half of 16 + 16 values — for every activation of the pass,
@@ -22,7 +22,7 @@ use crate::act_q8::Q8Activation;
 use crate::act_q8k::Q8KActivation;
 use crate::ggml::fp16_to_fp32;
 use crate::packed_layout::{
-    code_bytes, scale_bytes, BLOCK, Q4K_MN, Q4K_SC, Q6K_SC, Q6K_SUB, SUPER, TILE,
+    code_bytes, scale_bytes, BLOCK, Q4K_MN, Q4K_SC, Q5K_SUB, Q6K_SC, Q6K_SUB, SUPER, TILE,
 };
 use crate::WeightFormat;
 
@@ -291,7 +291,7 @@ mod sse2 {
     }
 }
 
-/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0 or Q8_0) are `codes` /
+/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0) are `codes` /
 /// `scales` · activation b of `acts`, over the tile-blocks `blocks`: the sums run on from
 /// `out`, so a tile taken in pieces gives the bits of one walk, and each activation's sums
 /// are the bits it gets alone (the integer dots are exact; the f32 steps per row are the same
@@ -313,13 +313,15 @@ pub(crate) fn tile_dot_q8<const B: usize>(
             WeightFormat::Q8_0 => (cores::q8_block(tb, qs), 0),
             WeightFormat::Q4_0 => (cores::q4_block(tb, qs), 8),
             WeightFormat::Q5_0 => (cores::q5_block(tb, qs), 16),
+            WeightFormat::Q5_1 => (cores::q5_block(tb, qs), 0),
             _ => (cores::q4_block(tb, qs), 0),
         };
         // The 16 rows' scales widened in one loop over a fixed array and the sums updated in
         // another, each element as before (so every result is the same bits): both loops
         // vectorise, where the per-row f16 conversions did not.
         let d = f16x16(&sc[..2 * TILE]);
-        let m = (format == WeightFormat::Q4_1).then(|| f16x16(&sc[2 * TILE..4 * TILE]));
+        let with_min = matches!(format, WeightFormat::Q4_1 | WeightFormat::Q5_1);
+        let m = with_min.then(|| f16x16(&sc[2 * TILE..4 * TILE]));
         for b in 0..B {
             let (acc, dots) = (&mut out[b], &dots[b]);
             let (dx, off) = (acts[b].d[k], offset * acts[b].qsum[k]);
@@ -368,45 +370,48 @@ fn for_each_super<const B: usize>(
     }
 }
 
-/// out[b] += the 16 rows of a Q4_K tile · Q8_K activation b of `acts` over the super-blocks
-/// `blocks` (the sums run on from `out`, each activation's the bits it gets alone).
-pub(crate) fn tile_dot_q4k<const B: usize>(
+/// out[b] += the 16 rows of a Q4_K tile (Q5_K with `FIVE`: each sub-block a Q5_0-style
+/// sub-tile) · Q8_K activation b of `acts` over the super-blocks `blocks` (the sums run on
+/// from `out`, each activation's the bits it gets alone).
+pub(crate) fn tile_dot_q4k<const FIVE: bool, const B: usize>(
     codes: &[u8],
     scales: &[u8],
     blocks: std::ops::Range<usize>,
     acts: [&Q8KActivation; B],
     out: &mut [[f32; TILE]; B],
 ) {
-    for_each_super(
-        WeightFormat::Q4_K,
-        codes,
-        scales,
-        blocks,
-        out,
-        |codes, sc, k, out| {
-            let (mut isum, mut imin) = ([[0i32; TILE]; B], [[0i32; TILE]; B]);
-            for j in 0..8 {
-                let at = k * SUPER + BLOCK * j;
-                let qs: [&[i8]; B] = std::array::from_fn(|b| &acts[b].q[at..at + BLOCK]);
-                let dots = cores::q4_block(&codes[256 * j..], qs);
-                for b in 0..B {
-                    let bsum = acts[b].bsum[8 * k + j] as i32;
-                    for r in 0..TILE {
-                        isum[b][r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[b][r];
-                        imin[b][r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
-                    }
-                }
-            }
-            let (d, m) = (f16x16(&sc[..32]), f16x16(&sc[32..64]));
+    let format = if FIVE {
+        WeightFormat::Q5_K
+    } else {
+        WeightFormat::Q4_K
+    };
+    for_each_super(format, codes, scales, blocks, out, |codes, sc, k, out| {
+        let (mut isum, mut imin) = ([[0i32; TILE]; B], [[0i32; TILE]; B]);
+        for j in 0..8 {
+            let at = k * SUPER + BLOCK * j;
+            let qs: [&[i8]; B] = std::array::from_fn(|b| &acts[b].q[at..at + BLOCK]);
+            let dots = if FIVE {
+                cores::q5_block(&codes[Q5K_SUB * j..], qs)
+            } else {
+                cores::q4_block(&codes[256 * j..], qs)
+            };
             for b in 0..B {
-                let dx = acts[b].d[k];
+                let bsum = acts[b].bsum[8 * k + j] as i32;
                 for r in 0..TILE {
-                    out[b][r] += d[r] * dx * isum[b][r] as f32;
-                    out[b][r] -= m[r] * dx * imin[b][r] as f32;
+                    isum[b][r] += sc[Q4K_SC + TILE * j + r] as i32 * dots[b][r];
+                    imin[b][r] += sc[Q4K_MN + TILE * j + r] as i32 * bsum;
                 }
             }
-        },
-    )
+        }
+        let (d, m) = (f16x16(&sc[..32]), f16x16(&sc[32..64]));
+        for b in 0..B {
+            let dx = acts[b].d[k];
+            for r in 0..TILE {
+                out[b][r] += d[r] * dx * isum[b][r] as f32;
+                out[b][r] -= m[r] * dx * imin[b][r] as f32;
+            }
+        }
+    })
 }
 
 /// out[b] += the 16 rows of a Q6_K tile · Q8_K activation b of `acts` over the super-blocks

@@ -1,10 +1,11 @@
-//! The K-quant packed products (`crate::packed`'s Q4_K and Q6_K tiles): llama.cpp's
-//! `vec_dot_q4_K_q8_K` and `vec_dot_q6_K_q8_K` arithmetic on 16-row tiles, and the one
-//! dispatch of their bodies. The activation is quantised to Q8_K per 256 values
+//! The K-quant packed products (`crate::packed`'s Q4_K, Q5_K and Q6_K tiles): llama.cpp's
+//! `vec_dot_q4_K_q8_K`, `vec_dot_q5_K_q8_K` and `vec_dot_q6_K_q8_K` arithmetic on 16-row
+//! tiles, and the one dispatch of their bodies. The activation is quantised to Q8_K per 256 values
 //! (`quantize_row_q8_K_ref`: d = max / −127, codes round(x / d)), with the sum of each 32 and
 //! each 16 codes (`act_q8k`).
 //! - Q4_K: per row and super-block two exact integers, Σ_j sc_j·Σ(c·q) over the 8 sub-blocks
-//!   and Σ_j m_j·Σq, then d·d_x·the first − dmin·d_x·the second.
+//!   and Σ_j m_j·Σq, then d·d_x·the first − dmin·d_x·the second. Q5_K the same with 5-bit
+//!   codes (each sub-block's 5th bits in a plane after its nibbles, as Q5_0's tile-block).
 //! - Q6_K: one exact integer, Σ_G s_G·Σ(c − 32)·q over the 16 groups of 16 — computed as
 //!   Σ_G s_G·Σc·q − 32·Σ_G s_G·Σq so the unsigned 6-bit codes feed `vpmaddubsw` directly —
 //!   times d·d_x.
@@ -18,12 +19,12 @@ use crate::packed_layout::{code_bytes, scale_bytes, SUPER, TILE};
 use crate::WeightFormat;
 use kernel_cpu::Isa;
 
-/// out[b][r] += row r of one K-quant tile (`format`: Q4_K or Q6_K) · activation b over the
+/// out[b][r] += row r of one K-quant tile (`format`: Q4_K, Q5_K or Q6_K) · activation b over the
 /// tile-blocks `blocks`, for up to `k_pass(isa)` activations, at tier `isa` (allowed on the
 /// caller's thread); `codes` and `scales` start at the tile's first tile-block
 /// (`PackedMatrix::codes(t, 0)` / `scales(t, 0)`). `out` holds the sums of the blocks before
 /// `blocks` (zero for the first), so a tile walked in pieces gives the bits of one walk. The
-/// one dispatch of both formats' bodies.
+/// one dispatch of the three formats' bodies.
 pub(crate) fn tile_dot(
     format: WeightFormat,
     codes: &[u8],
@@ -33,9 +34,11 @@ pub(crate) fn tile_dot(
     out: &mut [[f32; TILE]],
     isa: Isa,
 ) {
-    assert!(matches!(format, WeightFormat::Q4_K | WeightFormat::Q6_K));
+    assert!(matches!(
+        format,
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K
+    ));
     assert!(!acts.is_empty() && acts.len() <= k_pass(isa) && out.len() == acts.len());
-    let q6 = format == WeightFormat::Q6_K;
     let (cb, sb) = (code_bytes(format), scale_bytes(format));
     let nb = blocks.end;
     assert!(blocks.start <= nb && codes.len() >= nb * cb && scales.len() >= nb * sb);
@@ -49,39 +52,32 @@ pub(crate) fn tile_dot(
         let vnni = isa.has_avx512_vnni();
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
         // F16C (and AVX-512 VNNI where that body runs); the tile holds the tile-blocks
-        // `blocks` of `format` and every activation covers them (asserted).
+        // `blocks` of `format` and every activation covers them (asserted). Passes past 4
+        // only where `k_pass` gives them: the VNNI bodies.
         unsafe {
             macro_rules! go {
                 ($n:literal) => {{
                     let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
                     let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
                     let b = blocks.clone();
-                    match (q6, vnni) {
-                        (false, true) => {
-                            crate::avx512::packed_k::tile_q4k::<$n>(codes, scales, b, a, o)
+                    use crate::avx2::{packed_q4k as avx2_q4k, packed_q6k as avx2_q6k};
+                    use crate::avx512::packed_k as vnni_k;
+                    match (format, vnni) {
+                        (WeightFormat::Q4_K, true) => {
+                            vnni_k::tile_q4k::<false, $n>(codes, scales, b, a, o)
                         }
-                        (true, true) => {
-                            crate::avx512::packed_k::tile_q6k::<$n>(codes, scales, b, a, o)
+                        (WeightFormat::Q5_K, true) => {
+                            vnni_k::tile_q4k::<true, $n>(codes, scales, b, a, o)
                         }
-                        (false, false) => {
-                            crate::avx2::packed_q4k::tile_dot::<$n>(codes, scales, b, a, o)
+                        (_, true) => vnni_k::tile_q6k::<$n>(codes, scales, b, a, o),
+                        _ if $n > 4 => unreachable!("passes past 4 run on VNNI only"),
+                        (WeightFormat::Q4_K, false) => {
+                            avx2_q4k::tile_dot::<false, $n>(codes, scales, b, a, o)
                         }
-                        (true, false) => {
-                            crate::avx2::packed_q6k::tile_dot::<$n>(codes, scales, b, a, o)
+                        (WeightFormat::Q5_K, false) => {
+                            avx2_q4k::tile_dot::<true, $n>(codes, scales, b, a, o)
                         }
-                    }
-                }};
-            }
-            // Passes past 4 only where `k_pass` gives them: the VNNI bodies.
-            macro_rules! vnni_only {
-                ($n:literal) => {{
-                    let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
-                    let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
-                    let b = blocks.clone();
-                    if q6 {
-                        crate::avx512::packed_k::tile_q6k::<$n>(codes, scales, b, a, o)
-                    } else {
-                        crate::avx512::packed_k::tile_q4k::<$n>(codes, scales, b, a, o)
+                        (_, false) => avx2_q6k::tile_dot::<$n>(codes, scales, b, a, o),
                     }
                 }};
             }
@@ -90,10 +86,10 @@ pub(crate) fn tile_dot(
                 2 => go!(2),
                 3 => go!(3),
                 4 => go!(4),
-                5 => vnni_only!(5),
-                6 => vnni_only!(6),
-                7 => vnni_only!(7),
-                _ => vnni_only!(8),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
             }
         }
         return;
@@ -103,10 +99,11 @@ pub(crate) fn tile_dot(
         ($n:literal) => {{
             let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
             let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
-            if q6 {
-                crate::packed_portable::tile_dot_q6k(codes, scales, blocks, a, o)
-            } else {
-                crate::packed_portable::tile_dot_q4k(codes, scales, blocks, a, o)
+            use crate::packed_portable as p;
+            match format {
+                WeightFormat::Q4_K => p::tile_dot_q4k::<false, $n>(codes, scales, blocks, a, o),
+                WeightFormat::Q5_K => p::tile_dot_q4k::<true, $n>(codes, scales, blocks, a, o),
+                _ => p::tile_dot_q6k(codes, scales, blocks, a, o),
             }
         }};
     }

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 pub mod gemv;
 /// The packed-tile kernel (16-row interleaved tiles, int8 activations).
 pub mod packed;
-/// The Q4_K packed-tile kernel (Q8_K activations).
+/// The Q4_K and Q5_K packed-tile kernel (Q8_K activations).
 pub mod packed_q4k;
 /// The Q6_K packed-tile kernel (Q8_K activations).
 pub mod packed_q6k;

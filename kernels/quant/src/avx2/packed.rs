@@ -28,7 +28,7 @@ use std::ops::Range;
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `blocks.end` tile-blocks
-/// of `format` (q4_0, q4_1, q5_0 or q8_0).
+/// of `format` (q4_0, q4_1, q5_0, q5_1 or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
@@ -39,12 +39,13 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
     out: &mut [[f32; 16]; B],
 ) {
     assert!(acts.covers(B, blocks.end));
-    // Passes of up to 8 for Q4, up to 4 for Q5_0 and Q8_0 (`packed::pass`, as measured).
+    // Passes of up to 8 for Q4, up to 4 for Q5_0, Q5_1 and Q8_0 (`packed::pass`, as measured).
     assert!(B <= 4 || (B <= 8 && matches!(format, WeightFormat::Q4_0 | WeightFormat::Q4_1)));
     match format {
         WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, blocks, acts, out),
-        WeightFormat::Q5_0 => tile_q5::<B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q5_0 => tile_q5::<false, B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q5_1 => tile_q5::<true, B>(codes, scales, blocks, acts, out),
         _ => tile_q8::<B>(codes, scales, blocks, acts, out),
     }
 }
@@ -151,7 +152,7 @@ unsafe fn tile_q4<const MIN: bool, const B: usize>(
 /// only below bit 4 or above it, never in it).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn fifth_bits(hv: __m256i, s: usize) -> __m256i {
+pub(crate) unsafe fn fifth_bits(hv: __m256i, s: usize) -> __m256i {
     let at4 = match s {
         0 => _mm256_slli_epi16::<4>(hv),
         1 => _mm256_slli_epi16::<3>(hv),
@@ -165,12 +166,13 @@ unsafe fn fifth_bits(hv: __m256i, s: usize) -> __m256i {
     _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
 }
 
-/// The Q5_0 tile: `tile_q4`'s loop order with the 5th bits OR-ed into each unpacked code
-/// vector, the i16 sums widened per 4 k-steps, and Σ(c − 16)·q = Σc·q − 16·Σq.
+/// The Q5_0 / Q5_1 (`MIN`) tile: `tile_q4`'s loop order with the 5th bits OR-ed into each
+/// unpacked code vector, the i16 sums widened per 4 k-steps, and for Q5_0
+/// Σ(c − 16)·q = Σc·q − 16·Σq, for Q5_1 Q4_1's minimum term m·d_x·Σq.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // t / b index register arrays in step with the loads
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q5<const B: usize>(
+unsafe fn tile_q5<const MIN: bool, const B: usize>(
     codes: *const u8,
     scales: *const u8,
     blocks: Range<usize>,
@@ -178,6 +180,7 @@ unsafe fn tile_q5<const B: usize>(
     out: &mut [[f32; 16]; B],
 ) {
     let cb = crate::packed_layout::code_bytes(WeightFormat::Q5_0);
+    let sb = if MIN { 64 } else { 32 };
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
@@ -186,7 +189,7 @@ unsafe fn tile_q5<const B: usize>(
             acc[b] = _mm256_loadu_ps(out[b].as_ptr().add(8 * h));
         }
         for k in blocks.clone() {
-            let (blk, sc) = (codes.add(k * cb + 32 * h), scales.add(k * 32));
+            let (blk, sc) = (codes.add(k * cb + 32 * h), scales.add(k * sb));
             if h == 0 {
                 prefetch(codes.add(k * cb), cb);
             }
@@ -214,10 +217,15 @@ unsafe fn tile_q5<const B: usize>(
             let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i));
             for b in 0..B {
                 let i = k * B + b;
-                // Σ(c − 16)·q = Σc·q − 16·Σq.
+                // Q5_0: Σ(c − 16)·q = Σc·q − 16·Σq (Q5_1's bias is 0: its offset is 0).
                 let dot = _mm256_add_epi32(dot[b], _mm256_set1_epi32(*acts.bias.get_unchecked(i)));
                 let dx = _mm256_set1_ps(*acts.d.get_unchecked(i));
                 acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[b]);
+                if MIN {
+                    let m = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h) as *const __m128i));
+                    let sx = _mm256_set1_ps(*acts.sum.get_unchecked(i));
+                    acc[b] = _mm256_fmadd_ps(m, sx, acc[b]);
+                }
             }
         }
         for b in 0..B {

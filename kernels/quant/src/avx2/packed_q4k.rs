@@ -1,4 +1,4 @@
-//! The Q4_K packed-tile kernel on AVX2 (layout in `crate::packed_layout`, arithmetic
+//! The Q4_K and Q5_K packed-tile kernel on AVX2 (layout in `crate::packed_layout`, arithmetic
 //! in `crate::packed_q4k`): one 8-row half of a tile at a time, a row per 32-bit lane. Per
 //! sub-block of 32, the half's 4 code vectors are unpacked into 8 nibble vectors 4 at a time,
 //! each serving every activation of the pass: `vpmaddubsw` with the broadcast four activation
@@ -6,35 +6,42 @@
 //! inside i16); one `vpmaddwd` with the 8 rows' scale in both i16 halves of each lane applies
 //! sc and widens, so Σ_j sc_j·Σ(c·q) stays an exact i32 per super-block. The minimums are 4
 //! `vpmaddwd` of the rows' (m_2p, m_2p+1) pairs with the activation's (Σq_2p, Σq_2p+1). Per
-//! super-block: acc += d·d_x·Σ − dmin·d_x·Σmin.
+//! super-block: acc += d·d_x·Σ − dmin·d_x·Σmin. Q5_K (`FIVE`) ORs each k-step's 5th bits in
+//! from its sub-block's plane (as Q5_0's tile) and, its codes ≤ 31, scales and widens the i16
+//! sums per 4 k-steps instead of 8.
 
 #[cfg(target_arch = "x86_64")]
 use crate::act_q8k::Q8KActivation;
 #[cfg(target_arch = "x86_64")]
-use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC};
+use crate::avx2::packed::fifth_bits;
+#[cfg(target_arch = "x86_64")]
+use crate::packed_layout::{code_bytes, scale_bytes, Q4K_MN, Q4K_SC, Q5K_SUB, Q5_HI};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// out[b][r] += row r of the tile whose Q4_K tile-blocks `blocks` have their codes at `codes`
-/// and their scales at `scales` · activation b.
+/// out[b][r] += row r of the tile whose Q4_K (Q5_K with `FIVE`) tile-blocks `blocks` have
+/// their codes at `codes` and their scales at `scales` · activation b.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover the Q4_K
+/// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover the Q4_K / Q5_K
 /// tile-blocks `blocks`, and every activation those super-blocks (the caller asserts it).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // t / b / p index register arrays in step with the loads
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_dot<const B: usize>(
+pub unsafe fn tile_dot<const FIVE: bool, const B: usize>(
     codes: *const u8,
     scales: *const u8,
     blocks: std::ops::Range<usize>,
     acts: [&Q8KActivation; B],
     out: &mut [[f32; 16]; B],
 ) {
-    let (cb, sb) = (
-        code_bytes(crate::WeightFormat::Q4_K),
-        scale_bytes(crate::WeightFormat::Q4_K),
-    );
+    let format = if FIVE {
+        crate::WeightFormat::Q5_K
+    } else {
+        crate::WeightFormat::Q4_K
+    };
+    let (cb, sb) = (code_bytes(format), scale_bytes(format));
+    let sub_bytes = if FIVE { Q5K_SUB } else { 256 };
     let mask = _mm256_set1_epi8(0x0F);
     for h in 0..2 {
         // The sums so far (a multi-pass product's earlier pieces), so pieces chain exactly.
@@ -44,7 +51,16 @@ pub unsafe fn tile_dot<const B: usize>(
             let (blk, sc) = (codes.add(k * cb + 32 * h), scales.add(k * sb));
             let mut isum = [_mm256_setzero_si256(); B];
             for j in 0..8 {
-                let sub = blk.add(256 * j);
+                let sub = blk.add(sub_bytes * j);
+                // The 8 rows' scale of sub-block j in both i16 halves of each lane.
+                let s8 = _mm_loadl_epi64(sc.add(Q4K_SC + 16 * j + 8 * h) as *const __m128i);
+                let s32 = _mm256_cvtepu8_epi32(s8);
+                let spair = _mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32));
+                let hv = if FIVE {
+                    _mm256_loadu_si256(sub.add(Q5_HI) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                };
                 let mut sum16 = [_mm256_setzero_si256(); B];
                 for jj in 0..2 {
                     let mut w = [_mm256_setzero_si256(); 4];
@@ -54,6 +70,11 @@ pub unsafe fn tile_dot<const B: usize>(
                         w[2 * t] = _mm256_and_si256(bytes, mask);
                         w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
                     }
+                    if FIVE {
+                        for u in 0..4 {
+                            w[u] = _mm256_or_si256(w[u], fifth_bits(hv, 4 * jj + u));
+                        }
+                    }
                     for b in 0..B {
                         let q = acts[b].q.as_ptr().add(256 * k + 32 * j + 16 * jj);
                         for u in 0..4 {
@@ -62,13 +83,19 @@ pub unsafe fn tile_dot<const B: usize>(
                             sum16[b] = _mm256_add_epi16(sum16[b], _mm256_maddubs_epi16(w[u], qv));
                         }
                     }
+                    if FIVE {
+                        // 5-bit codes: 4 k-steps are as many as i16 holds (4 · 2 · 31 · 127 =
+                        // 31496), so each half of the sub-block is scaled and widened alone.
+                        for b in 0..B {
+                            isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(sum16[b], spair));
+                            sum16[b] = _mm256_setzero_si256();
+                        }
+                    }
                 }
-                // The 8 rows' scale of sub-block j in both i16 halves of each lane.
-                let s8 = _mm_loadl_epi64(sc.add(Q4K_SC + 16 * j + 8 * h) as *const __m128i);
-                let s32 = _mm256_cvtepu8_epi32(s8);
-                let spair = _mm256_or_si256(s32, _mm256_slli_epi32::<16>(s32));
-                for b in 0..B {
-                    isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(sum16[b], spair));
+                if !FIVE {
+                    for b in 0..B {
+                        isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(sum16[b], spair));
+                    }
                 }
             }
             let mut mpair = [_mm256_setzero_si256(); 4];

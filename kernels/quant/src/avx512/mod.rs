@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 pub mod gemv;
 /// The packed-tile kernel with VNNI (16-row interleaved tiles, int8 activations).
 pub mod packed;
-/// The Q4_K and Q6_K packed-tile kernels with VNNI (Q8_K activations).
+/// The Q4_K, Q5_K and Q6_K packed-tile kernels with VNNI (Q8_K activations).
 pub mod packed_k;
 /// The int8-activation GEMV (llama.cpp's CPU path): integer dot products with VNNI.
 pub mod q8act;

@@ -7,7 +7,9 @@
 //! the block's integer sum starts at −offset·Σq, one broadcast from memory. Q5_0's 5th bits come from their plane, one
 //! shift and one mask per k-step (as on AVX2).
 //!
-//! One loop for the four formats: per block the 8 code vectors (one per k-step) are built
+//! Q5_1 is Q5_0's codes with Q4_1's minimum (m·d_x·Σq per block, no offset).
+//!
+//! One loop for the five formats: per block the 8 code vectors (one per k-step) are built
 //! once — loads, nibble unpacking, 5th bits or sign flips — and shared by the pass's B ≤ 8
 //! activations, whose pointers are read once per tile, so the B accumulators, the 8 code
 //! vectors and the scales stay in the 32 zmm registers (8 + 8 + 3 at B = 8). Per activation
@@ -27,6 +29,7 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q8_0: u8 = 3;
+const Q5_1: u8 = 4;
 
 /// out[b][r] += Σ over tile-blocks k in `blocks` of row r of the tile whose tile-blocks have
 /// their codes at `codes` and their scales at `scales` (`crate::packed`; block 0 there) ·
@@ -35,7 +38,7 @@ const Q8_0: u8 = 3;
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover `blocks.end`
-/// tile-blocks of `format` (q4_0, q4_1, q5_0 or q8_0).
+/// tile-blocks of `format` (q4_0, q4_1, q5_0, q5_1 or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
@@ -51,6 +54,7 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
         WeightFormat::Q4_0 => tile::<Q4_0, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q4_1 => tile::<Q4_1, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q5_0 => tile::<Q5_0, B>(codes, scales, blocks, acts, out),
+        WeightFormat::Q5_1 => tile::<Q5_1, B>(codes, scales, blocks, acts, out),
         _ => tile::<Q8_0, B>(codes, scales, blocks, acts, out),
     }
 }
@@ -88,7 +92,7 @@ unsafe fn step(q: *const i8, i: usize, s: usize) -> __m512i {
 /// of each byte; the 16-bit shifts move no neighbouring bit into bit 4).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn fifth_bits(hv: __m512i, s: usize) -> __m512i {
+pub(crate) unsafe fn fifth_bits(hv: __m512i, s: usize) -> __m512i {
     let at4 = match s {
         0 => _mm512_slli_epi16::<4>(hv),
         1 => _mm512_slli_epi16::<3>(hv),
@@ -103,7 +107,7 @@ unsafe fn fifth_bits(hv: __m512i, s: usize) -> __m512i {
 }
 
 /// The 8 unsigned code vectors of a tile-block (vector s: k-step s of the 16 rows): Q4
-/// nibbles, with Q5_0's 5th bits OR-ed in, or Q8_0's codes + 128.
+/// nibbles, with Q5_0's / Q5_1's 5th bits OR-ed in, or Q8_0's codes + 128.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn block_codes<const F: u8>(blk: *const u8) -> [__m512i; 8] {
@@ -121,7 +125,7 @@ unsafe fn block_codes<const F: u8>(blk: *const u8) -> [__m512i; 8] {
         w[2 * j] = _mm512_and_si512(bytes, mask);
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(bytes), mask);
     }
-    if F == Q5_0 {
+    if F == Q5_0 || F == Q5_1 {
         let hv = _mm512_loadu_si512(blk.add(crate::packed_layout::Q5_HI) as *const __m512i);
         for (s, w) in w.iter_mut().enumerate() {
             *w = _mm512_or_si512(*w, fifth_bits(hv, s));
@@ -144,6 +148,7 @@ unsafe fn tile<const F: u8, const B: usize>(
         Q4_0 => WeightFormat::Q4_0,
         Q4_1 => WeightFormat::Q4_1,
         Q5_0 => WeightFormat::Q5_0,
+        Q5_1 => WeightFormat::Q5_1,
         _ => WeightFormat::Q8_0,
     };
     let (cb, sb) = (
@@ -173,7 +178,7 @@ unsafe fn tile<const F: u8, const B: usize>(
             let dot = _mm512_add_epi32(sum[0], sum[1]);
             let dx = _mm512_set1_ps(*acts.d.add(i));
             acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, dx), acc[b]);
-            if F == Q4_1 {
+            if F == Q4_1 || F == Q5_1 {
                 let m = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(32) as *const __m256i));
                 acc[b] = _mm512_fmadd_ps(m, _mm512_set1_ps(*acts.sum.add(i)), acc[b]);
             }

@@ -1,5 +1,5 @@
-//! The K-quant packed-tile kernels with AVX-512 VNNI (layouts in `crate::packed_layout`,
-//! arithmetic in `crate::packed_q4k`): a 16-row tile is one zmm, a row
+//! The K-quant packed-tile kernels with AVX-512 VNNI (Q4_K, Q5_K, Q6_K; layouts in
+//! `crate::packed_layout`, arithmetic in `crate::packed_q4k`): a 16-row tile is one zmm, a row
 //! per 32-bit lane. A sub-block's (Q4_K: 32 values) or group's (Q6_K: 16) code vectors are
 //! built once and serve every activation of the pass; `vpdpbusd` (u8 codes × s8 Q8_K codes)
 //! sums them exactly in i32 — no i16 bound to respect, unlike `vpmaddubsw` on AVX2 — and one
@@ -11,7 +11,7 @@
 use crate::act_q8k::Q8KActivation;
 #[cfg(target_arch = "x86_64")]
 use crate::packed_layout::{
-    code_bytes, scale_bytes, Q4K_MN, Q4K_SC, Q6K_HI, Q6K_SC, Q6K_SUB, SUPER,
+    code_bytes, scale_bytes, Q4K_MN, Q4K_SC, Q5K_SUB, Q5_HI, Q6K_HI, Q6K_SC, Q6K_SUB, SUPER,
 };
 #[cfg(target_arch = "x86_64")]
 use crate::WeightFormat;
@@ -44,26 +44,31 @@ unsafe fn pairs<const SIGNED: bool>(a: *const u8, c: *const u8) -> __m512i {
     )
 }
 
-/// Q4_K: out[b][r] = row r of the tile · activation b.
+/// Q4_K (Q5_K with `FIVE`: each sub-block's 5th bits OR-ed in from its plane, as Q5_0's
+/// tile; `vpdpbusd` sums the 5-bit codes in i32 as it does the 4-bit ones): out[b][r] = row r
+/// of the tile · activation b.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover the
-/// Q4_K tile-blocks `blocks`, and every activation those super-blocks (the caller asserts
+/// Q4_K / Q5_K tile-blocks `blocks`, and every activation those super-blocks (the caller asserts
 /// it). `out` holds the sums of the blocks before these (zero for the first).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // s / b / p index register arrays in step with the loads
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
-pub unsafe fn tile_q4k<const B: usize>(
+pub unsafe fn tile_q4k<const FIVE: bool, const B: usize>(
     codes: *const u8,
     scales: *const u8,
     blocks: std::ops::Range<usize>,
     acts: [&Q8KActivation; B],
     out: &mut [[f32; 16]; B],
 ) {
-    let (cb, sb) = (
-        code_bytes(WeightFormat::Q4_K),
-        scale_bytes(WeightFormat::Q4_K),
-    );
+    let format = if FIVE {
+        WeightFormat::Q5_K
+    } else {
+        WeightFormat::Q4_K
+    };
+    let (cb, sb) = (code_bytes(format), scale_bytes(format));
+    let sub_bytes = if FIVE { Q5K_SUB } else { 256 };
     let mask = _mm512_set1_epi8(0x0F);
     // The sums so far (a multi-pass product's earlier pieces), so pieces chain exactly.
     let mut acc: [__m512; B] = std::array::from_fn(|b| _mm512_loadu_ps(out[b].as_ptr()));
@@ -71,12 +76,18 @@ pub unsafe fn tile_q4k<const B: usize>(
         let (blk, sc) = (codes.add(k * cb), scales.add(k * sb));
         let mut isum = [_mm512_setzero_si512(); B];
         for j in 0..8 {
-            let sub = blk.add(256 * j);
+            let sub = blk.add(sub_bytes * j);
             let mut w = [_mm512_setzero_si512(); 8];
             for g in 0..4 {
                 let bytes = _mm512_loadu_si512(sub.add(64 * g) as *const __m512i);
                 w[2 * g] = _mm512_and_si512(bytes, mask);
                 w[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(bytes), mask);
+            }
+            if FIVE {
+                let hv = _mm512_loadu_si512(sub.add(Q5_HI) as *const __m512i);
+                for (st, w) in w.iter_mut().enumerate() {
+                    *w = _mm512_or_si512(*w, crate::avx512::packed::fifth_bits(hv, st));
+                }
             }
             let s =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128(sc.add(Q4K_SC + 16 * j) as *const __m128i));
