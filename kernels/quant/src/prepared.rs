@@ -114,7 +114,9 @@ mod tests {
 
     #[test]
     fn packed_products_equal_the_reference_at_every_tier() {
-        for name in ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"] {
+        for name in [
+            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+        ] {
             let f = WeightFormat::parse(name).unwrap();
             for (rows, blocks, batch) in
                 [(1, 1, 1), (37, 3, 1), (64, 18, 5), (17, 2, 9), (40, 4, 33)]
