@@ -77,9 +77,9 @@ pub struct GenerateArgs {
     pub weights: Option<String>,
     /// The product of every projection. packed (default): int8 activations on 16-row
     /// interleaved weight tiles built at load, llama.cpp's arithmetic (q4_0, q4_1, q5_0, q5_1,
-    /// q8_0, q4_k, q5_k, q6_k); fused:act=q8: the same arithmetic on row-major weights; fused:
-    /// f32 activations, the arithmetic of transformers' float32 reference (its greedy text). A
-    /// format packed does not tile (iq4_nl, q2_k, q3_k in a file's mix) gets fused:act=q8;
+    /// iq4_nl, q8_0, q4_k, q5_k, q6_k); fused:act=q8: the same arithmetic on row-major weights;
+    /// fused: f32 activations, the arithmetic of transformers' float32 reference (its greedy
+    /// text). A format packed does not tile (q2_k, q3_k in a file's mix) gets fused:act=q8;
     /// others fused. Add isa=avx2 etc. to pin a tier (see --isa).
     #[arg(long, default_value = "packed")]
     pub matmul: String,

@@ -22,6 +22,10 @@
 //!   shared by the pass's activations). Scales: 16 f16 d. Product: Σ(c − 16)·q = Σc·q − 16·Σq.
 //! - Q5_1 (value d·c + m, c = 0..31): Q5_0's codes, Q4_1's scales (16 f16 d, then 16 f16 m);
 //!   product d·d_x·Σc·q + m·d_x·Σq, as Q4_1's.
+//! - IQ4_NL (value d·kvalues_iq4nl[c], the table's entries −127..113): Q4_0's codes and
+//!   scales; the kernels turn the nibbles into table values with one byte shuffle per code
+//!   vector (`vpshufb`; the portable tier a lookup per tile-block and pass) and multiply them
+//!   as Q8_0's codes (llama.cpp's `vec_dot_iq4_nl_q8_0`).
 //!
 //! - Q4_K (super-blocks of 256: 8 sub-blocks of 32 with 6-bit scales sc and minimums m):
 //!   a tile-block is 16 rows × one super-block; its codes are 8 Q4_0-style sub-tiles of 256
@@ -68,8 +72,8 @@ use kernel_cpu::{team, Isa};
 const TASK_TILES: usize = 2;
 /// Activations per pass over a tile of `format` at `isa`: 8 for the 32-value formats with
 /// AVX-512 VNNI (32 zmm registers hold 8 accumulators, the block's 8 code vectors and the
-/// sums) and for Q4_0 / Q4_1 with AVX2, 4 elsewhere (the K-quant kernels; Q5_0, Q5_1 and Q8_0
-/// with AVX2, whose 16 ymm registers hold 4 activations' sums beside their codes). AVX2 Q4 at 8,
+/// sums) and for Q4_0 / Q4_1 with AVX2, 4 elsewhere (the K-quant kernels; Q5_0, Q5_1, IQ4_NL
+/// and Q8_0 with AVX2, whose 16 ymm registers hold 4 activations' sums beside their codes). AVX2 Q4 at 8,
 /// measured on a Zen 4 core: in L2 (`tile_rate`, 256 × 576, one thread) 77–82 GMAC/s at 5–8
 /// activations and 78–81 at 64–512 against 57–76 with passes of 4, and a SmolLM2 Q4_0
 /// 8-token step at 2 threads 4% faster (alternated A/B). Q8_0 at 8 was 5% faster in L2 and
@@ -83,8 +87,8 @@ fn pass(format: WeightFormat, isa: Isa) -> usize {
     }
 }
 
-/// A weight matrix in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K laid out as 16-row
-/// tiles.
+/// A weight matrix in Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q4_K, Q5_K or Q6_K laid out as
+/// 16-row tiles.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedMatrix {
     pub format: WeightFormat,
@@ -109,6 +113,7 @@ pub fn packable(format: WeightFormat) -> bool {
             | WeightFormat::Q4_1
             | WeightFormat::Q5_0
             | WeightFormat::Q5_1
+            | WeightFormat::IQ4_NL
             | WeightFormat::Q8_0
             | WeightFormat::Q4_K
             | WeightFormat::Q5_K
@@ -151,7 +156,7 @@ impl PackedMatrix {
     pub fn pack(m: &QuantMatrix) -> Result<PackedMatrix> {
         if !packable(m.format) {
             return Err(KernelError::Unsupported(format!(
-                "packed tiles take q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k, not {}",
+                "packed tiles take q4_0, q4_1, q5_0, q5_1, iq4_nl, q8_0, q4_k, q5_k and q6_k, not {}",
                 m.format
             )));
         }
@@ -321,14 +326,14 @@ pub fn matmul(w: &PackedMatrix, x: &[f32], batch: usize, y: &mut [f32], isa: Isa
 }
 
 /// The offset the tile kernels take off a 32-value format's codes: Q4_0's 8 and Q5_0's 16
-/// (stored unsigned), Q8_0's 128 (flipped to unsigned for the VNNI kernel; the AVX2 one
-/// multiplies signed codes and reads no offset), none for Q4_1 and Q5_1 (their minimum is
-/// separate).
+/// (stored unsigned), Q8_0's and IQ4_NL's 128 (flipped to unsigned for the VNNI kernel; the
+/// AVX2 one multiplies signed values and reads no offset), none for Q4_1 and Q5_1 (their
+/// minimum is separate).
 fn code_offset(format: WeightFormat) -> i32 {
     match format {
         WeightFormat::Q4_0 => 8,
         WeightFormat::Q5_0 => 16,
-        WeightFormat::Q8_0 => 128,
+        WeightFormat::Q8_0 | WeightFormat::IQ4_NL => 128,
         _ => 0,
     }
 }
@@ -622,13 +627,13 @@ mod tests {
     #[test]
     fn every_batch_from_1_to_64_and_past_a_span_matches_the_f64_product_at_every_tier() {
         // Each pass size's tails (AVX-512 takes 8 activations a pass, AVX2 8 of Q4 and 4 of
-        // Q5_0 / Q5_1 / Q8_0, portable 4),
+        // Q5_0 / Q5_1 / IQ4_NL / Q8_0, portable 4),
         // with a partial last tile, tiles in pieces (17 blocks: 14 + 3 of Q4_0, 11 + 6 of Q5_0,
         // 10 + 7 of Q5_1, 7 + 7 + 3 of Q8_0) and batches past one task's span of 64; the f64 product of the
         // decoded weights with the activation as the kernel sees it (d·q) is the reference.
         let (rows, cols) = (40, 17 * 32);
         assert!(piece_blocks(WeightFormat::Q4_1) < 17 && piece_blocks(WeightFormat::Q8_0) < 8);
-        for name in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"] {
+        for name in ["q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0"] {
             let (p, dec) = packed_and_decoded(name, rows, cols, 7);
             let x: Vec<f32> = WeightDist::Gaussian.sample(131, cols, 11);
             let seen: Vec<f32> = x
@@ -706,7 +711,7 @@ mod tests {
         // (an AVX2 i16 sum over 8 k-steps of 5-bit codes would wrap: 8 · 2 · 31 · 127 > 32767),
         // batch 1 and a full pass, within f32 rounding of the f64 product.
         for name in [
-            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+            "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "q4_k", "q5_k", "q6_k",
         ] {
             let f = WeightFormat::parse(name).unwrap();
             let (rows, cols) = (16, 2 * block_values(f));
@@ -754,7 +759,7 @@ mod tests {
     #[test]
     fn pack_unpack_and_rows_round_trip() {
         for name in [
-            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+            "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "q4_k", "q5_k", "q6_k",
         ] {
             let f = WeightFormat::parse(name).unwrap();
             let cols = 3 * block_values(f);

@@ -1,5 +1,5 @@
 //! The portable tier's bodies of the packed tiles (`crate::packed`: Q4_0, Q4_1, Q5_0, Q5_1,
-//! Q8_0, Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the AVX2 / AVX-512
+//! IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the AVX2 / AVX-512
 //! bodies, with no instruction beyond the baseline ISA, for up to 4 activations a pass. The
 //! integer cores (`cores`) give Σc·q per row of one tile-block piece — a 32-value block, a
 //! K-quant sub-block, a Q6_K half of 16 + 16 values — for every activation of the pass,
@@ -291,7 +291,8 @@ mod sse2 {
     }
 }
 
-/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0) are `codes` /
+/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or Q8_0) are
+/// `codes` /
 /// `scales` · activation b of `acts`, over the tile-blocks `blocks`: the sums run on from
 /// `out`, so a tile taken in pieces gives the bits of one walk, and each activation's sums
 /// are the bits it gets alone (the integer dots are exact; the f32 steps per row are the same
@@ -314,6 +315,7 @@ pub(crate) fn tile_dot_q8<const B: usize>(
             WeightFormat::Q4_0 => (cores::q4_block(tb, qs), 8),
             WeightFormat::Q5_0 => (cores::q5_block(tb, qs), 16),
             WeightFormat::Q5_1 => (cores::q5_block(tb, qs), 0),
+            WeightFormat::IQ4_NL => (cores::q8_block(&iq4_values(tb), qs), 0),
             _ => (cores::q4_block(tb, qs), 0),
         };
         // The 16 rows' scales widened in one loop over a fixed array and the sums updated in
@@ -336,6 +338,24 @@ pub(crate) fn tile_dot_q8<const B: usize>(
             }
         }
     }
+}
+
+/// An IQ4_NL tile-block's table values (`kvalues_iq4nl[nibble]`, as i8 bytes) in Q8_0's
+/// tile-block layout: Q4_0-style group j's low nibbles are k-step 2j, its high ones 2j + 1.
+/// Looked up once per pass (baseline x86-64 has no byte shuffle) and multiplied as Q8_0's
+/// codes.
+fn iq4_values(codes: &[u8]) -> [u8; 512] {
+    let codes: &[u8; 256] = codes[..256].try_into().expect("an IQ4_NL tile-block");
+    let table = crate::iq4nl::KVALUES.map(|v| v as u8);
+    let mut out = [0u8; 512];
+    for j in 0..4 {
+        for i in 0..64 {
+            let byte = codes[64 * j + i];
+            out[128 * j + i] = table[(byte & 0x0F) as usize];
+            out[128 * j + 64 + i] = table[(byte >> 4) as usize];
+        }
+    }
+    out
 }
 
 /// The 16 little-endian f16 values of `b` (32 bytes) as f32, by `fp16_to_fp32` (branch-free,

@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn packed_products_equal_the_reference_at_every_tier() {
         for name in [
-            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k",
+            "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "q4_k", "q5_k", "q6_k",
         ] {
             let f = WeightFormat::parse(name).unwrap();
             for (rows, blocks, batch) in

@@ -396,7 +396,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub const DEFAULT_MATMUL: MatVecVariant = MatVecVariant::FUSED;
 
 /// The product a weight of `format` gets when the model's is `variant`: `variant` itself; for
-/// `packed` on a format it does not tile (IQ4_NL, Q2_K, Q3_K in a file's mix) the same int8
+/// `packed` on a format it does not tile (Q2_K, Q3_K in a file's mix) the same int8
 /// arithmetic on row-major weights (`fused:act=q8`, llama.cpp's `vec_dot` for that type) at
 /// the same tier; else `DEFAULT_MATMUL`.
 pub(super) fn product_for(variant: MatVecVariant, format: WeightFormat) -> MatVecVariant {

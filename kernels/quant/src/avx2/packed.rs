@@ -28,7 +28,7 @@ use std::ops::Range;
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `codes` and `scales` cover `blocks.end` tile-blocks
-/// of `format` (q4_0, q4_1, q5_0, q5_1 or q8_0).
+/// of `format` (q4_0, q4_1, q5_0, q5_1, iq4_nl or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
@@ -39,14 +39,15 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
     out: &mut [[f32; 16]; B],
 ) {
     assert!(acts.covers(B, blocks.end));
-    // Passes of up to 8 for Q4, up to 4 for Q5_0, Q5_1 and Q8_0 (`packed::pass`, as measured).
+    // Passes of up to 8 for Q4, up to 4 for Q5_0, Q5_1, IQ4_NL and Q8_0 (`packed::pass`).
     assert!(B <= 4 || (B <= 8 && matches!(format, WeightFormat::Q4_0 | WeightFormat::Q4_1)));
     match format {
         WeightFormat::Q4_0 => tile_q4::<false, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q4_1 => tile_q4::<true, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q5_0 => tile_q5::<false, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q5_1 => tile_q5::<true, B>(codes, scales, blocks, acts, out),
-        _ => tile_q8::<B>(codes, scales, blocks, acts, out),
+        WeightFormat::IQ4_NL => tile_q8::<true, B>(codes, scales, blocks, acts, out),
+        _ => tile_q8::<false, B>(codes, scales, blocks, acts, out),
     }
 }
 
@@ -234,22 +235,29 @@ unsafe fn tile_q5<const MIN: bool, const B: usize>(
     }
 }
 
-/// The Q8_0 tile: per k-step both halves' codes are loaded and made absolute (|c|, the sign
-/// trick's unsigned operand) once, then serve all B activations, each as |c| × (q with c's
-/// sign) by `vpmaddubsw`, widened every step (|c|·|q| ≤ 127 · 127, so two steps could overflow
-/// i16); one broadcast of the activation's step serves both halves. The previous loop order
-/// (activations outside the steps) redid the load and |c| per activation.
+/// The Q8_0 tile (IQ4_NL with `NL`: its signed values come from the nibbles by one `vpshufb`
+/// into `kvalues_iq4nl`, then are multiplied as Q8_0's codes, as llama.cpp's AVX2
+/// `vec_dot_iq4_nl_q8_0`): per k-step both halves' codes are loaded and made absolute (|c|,
+/// the sign trick's unsigned operand) once, then serve all B activations, each as
+/// |c| × (q with c's sign) by `vpmaddubsw`, widened every step (|c|·|q| ≤ 127 · 127, so two
+/// steps could overflow i16); one broadcast of the activation's step serves both halves. The
+/// previous loop order (activations outside the steps) redid the load and |c| per activation.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // b / h index register arrays in step with the loads
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q8<const B: usize>(
+unsafe fn tile_q8<const NL: bool, const B: usize>(
     codes: *const u8,
     scales: *const u8,
     blocks: Range<usize>,
     acts: &ActGroup,
     out: &mut [[f32; 16]; B],
 ) {
+    let cb = if NL { 256 } else { 512 };
     let ones = _mm256_set1_epi16(1);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+        crate::iq4nl::KVALUES.as_ptr() as *const __m128i
+    ));
+    let mask = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm256_setzero_ps(); 2]; B];
     for b in 0..B {
         for h in 0..2 {
@@ -257,11 +265,25 @@ unsafe fn tile_q8<const B: usize>(
         }
     }
     for k in blocks {
-        let (blk, sc) = (codes.add(k * 512), scales.add(k * 32));
-        prefetch(blk, 512);
+        let (blk, sc) = (codes.add(k * cb), scales.add(k * 32));
+        prefetch(blk, cb);
         let mut dot = [[_mm256_setzero_si256(); 2]; B];
         for s in 0..8 {
-            let c = [0, 1].map(|h| _mm256_loadu_si256(blk.add(64 * s + 32 * h) as *const __m256i));
+            let c = [0, 1].map(|h| {
+                if NL {
+                    // k-step s: the low (even s) or high nibbles of group s / 2, as table values.
+                    let bytes =
+                        _mm256_loadu_si256(blk.add(64 * (s / 2) + 32 * h) as *const __m256i);
+                    let idx = if s % 2 == 0 {
+                        _mm256_and_si256(bytes, mask)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask)
+                    };
+                    _mm256_shuffle_epi8(table, idx)
+                } else {
+                    _mm256_loadu_si256(blk.add(64 * s + 32 * h) as *const __m256i)
+                }
+            });
             let a = c.map(|c| _mm256_sign_epi8(c, c));
             for b in 0..B {
                 let q = step(acts, k * B + b, s);

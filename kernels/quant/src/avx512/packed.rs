@@ -7,9 +7,11 @@
 //! the block's integer sum starts at −offset·Σq, one broadcast from memory. Q5_0's 5th bits come from their plane, one
 //! shift and one mask per k-step (as on AVX2).
 //!
-//! Q5_1 is Q5_0's codes with Q4_1's minimum (m·d_x·Σq per block, no offset).
+//! Q5_1 is Q5_0's codes with Q4_1's minimum (m·d_x·Σq per block, no offset). IQ4_NL's
+//! nibbles index llama.cpp's `kvalues_iq4nl`: one `vpshufb` per code vector turns them into
+//! the table values + 128, taken off with −128·Σq as Q8_0's flip.
 //!
-//! One loop for the five formats: per block the 8 code vectors (one per k-step) are built
+//! One loop for the six formats: per block the 8 code vectors (one per k-step) are built
 //! once — loads, nibble unpacking, 5th bits or sign flips — and shared by the pass's B ≤ 8
 //! activations, whose pointers are read once per tile, so the B accumulators, the 8 code
 //! vectors and the scales stay in the 32 zmm registers (8 + 8 + 3 at B = 8). Per activation
@@ -30,6 +32,18 @@ const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q8_0: u8 = 3;
 const Q5_1: u8 = 4;
+const IQ4_NL: u8 = 5;
+
+/// `kvalues_iq4nl` + 128: IQ4_NL's table as unsigned bytes.
+const IQ4_PLUS_128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::iq4nl::KVALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// out[b][r] += Σ over tile-blocks k in `blocks` of row r of the tile whose tile-blocks have
 /// their codes at `codes` and their scales at `scales` (`crate::packed`; block 0 there) ·
@@ -38,7 +52,7 @@ const Q5_1: u8 = 4;
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL, VNNI and F16C; `codes` and `scales` cover `blocks.end`
-/// tile-blocks of `format` (q4_0, q4_1, q5_0, q5_1 or q8_0).
+/// tile-blocks of `format` (q4_0, q4_1, q5_0, q5_1, iq4_nl or q8_0).
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_dot<const B: usize>(
     format: WeightFormat,
@@ -55,6 +69,7 @@ pub(crate) unsafe fn tile_dot<const B: usize>(
         WeightFormat::Q4_1 => tile::<Q4_1, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q5_0 => tile::<Q5_0, B>(codes, scales, blocks, acts, out),
         WeightFormat::Q5_1 => tile::<Q5_1, B>(codes, scales, blocks, acts, out),
+        WeightFormat::IQ4_NL => tile::<IQ4_NL, B>(codes, scales, blocks, acts, out),
         _ => tile::<Q8_0, B>(codes, scales, blocks, acts, out),
     }
 }
@@ -107,7 +122,8 @@ pub(crate) unsafe fn fifth_bits(hv: __m512i, s: usize) -> __m512i {
 }
 
 /// The 8 unsigned code vectors of a tile-block (vector s: k-step s of the 16 rows): Q4
-/// nibbles, with Q5_0's / Q5_1's 5th bits OR-ed in, or Q8_0's codes + 128.
+/// nibbles, with Q5_0's / Q5_1's 5th bits OR-ed in, or IQ4_NL's table values + 128 (one
+/// `vpshufb` of the nibbles), or Q8_0's codes + 128.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn block_codes<const F: u8>(blk: *const u8) -> [__m512i; 8] {
@@ -124,6 +140,14 @@ unsafe fn block_codes<const F: u8>(blk: *const u8) -> [__m512i; 8] {
         let bytes = _mm512_loadu_si512(blk.add(64 * j) as *const __m512i);
         w[2 * j] = _mm512_and_si512(bytes, mask);
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(bytes), mask);
+    }
+    if F == IQ4_NL {
+        // kvalues_iq4nl + 128 (1..=241, unsigned for `vpdpbusd`) in every 128-bit lane.
+        let t = &IQ4_PLUS_128;
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
+        for w in w.iter_mut() {
+            *w = _mm512_shuffle_epi8(table, *w);
+        }
     }
     if F == Q5_0 || F == Q5_1 {
         let hv = _mm512_loadu_si512(blk.add(crate::packed_layout::Q5_HI) as *const __m512i);
@@ -149,6 +173,7 @@ unsafe fn tile<const F: u8, const B: usize>(
         Q4_1 => WeightFormat::Q4_1,
         Q5_0 => WeightFormat::Q5_0,
         Q5_1 => WeightFormat::Q5_1,
+        IQ4_NL => WeightFormat::IQ4_NL,
         _ => WeightFormat::Q8_0,
     };
     let (cb, sb) = (
