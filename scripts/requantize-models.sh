@@ -7,10 +7,7 @@
 #                                       is not a multiple of 256)
 #   SmolLM2-135M-Instruct.Q5_K_M.gguf   Q5_K_M (Q5_K/Q6_K where a row is a multiple of 256:
 #                                       ffn_down; Q5_1/Q8_0 elsewhere)
-#   SmolLM2-135M-Instruct.IQ4_NL.gguf   IQ4_NL (llama.cpp repacks it into 4x8 tiles on AVX2)
-#   SmolLM2-135M-Instruct.Q3_K_M.gguf   Q3_K_M (Q3_K/Q4_K/Q5_K on ffn_down, IQ4_NL where a row
-#                                       of 576 is not a multiple of 256); Q3_K has no packed
-#                                       layout, so ffn_down takes the codec product
+#   SmolLM2-135M-Instruct.IQ4_NL.gguf   IQ4_NL (Q5_K on ffn_down, Q8_0 embedding)
 # Requantising goes through f32 (--allow-requantize): what llama-quantize quantises is the Q4_1
 # file's dequantised weights. Idempotent. LLAMACPP_BUILD=native (default) picks the build.
 set -euo pipefail
@@ -25,7 +22,7 @@ if [ ! -s "$src" ]; then
     echo "error: $src is absent (run scripts/fetch-models.sh)" >&2
     exit 2
 fi
-for t in Q4_0 Q4_K_M Q5_K_M IQ4_NL Q3_K_M; do
+for t in Q4_0 Q4_K_M Q5_K_M IQ4_NL; do
     out="models/cache/SmolLM2-135M-Instruct.$t.gguf"
     if [ -s "$out" ]; then
         echo "already present: $out"
