@@ -20,10 +20,12 @@ pub trait RowKernels: Copy + Send + Sync {
     );
 }
 
+#[inline]
 fn check_dot(q: usize, k: usize, rows: usize, d: usize) {
     assert!(q >= rows * d && k >= d, "dot_rows: slices too short");
 }
 
+#[inline]
 fn check_acc(o: usize, p: usize, v: usize, rows: usize, d: usize, p_stride: usize, n: usize) {
     assert!(
         o >= rows * d && v >= n * d,
@@ -383,6 +385,62 @@ mod tests {
                 check(Avx2::detect().expect("the avx2 tier is active"));
             } else {
                 assert!(Avx2::detect().is_none());
+            }
+        });
+    }
+
+    /// The `R` rows' dot products, then their accumulations (`p` rows `PS` apart), as bits.
+    const PS: usize = 7;
+    fn rows_bits<K: RowKernels, const R: usize>(
+        k: K,
+        q: &[f32],
+        p: &[f32],
+        kv: &[f32],
+        d: usize,
+    ) -> Vec<u32> {
+        let mut o: Vec<f32> = q[..R * d].iter().map(|x| x * 3.0).collect();
+        k.accumulate_rows::<R>(&mut o, d, p, PS, kv, 5);
+        let dots = k.dot_rows::<R>(q, d, kv);
+        dots.iter().chain(&o).map(|x| x.to_bits()).collect()
+    }
+
+    fn check_blocks<K: RowKernels>(k: K) {
+        // Decode attention blocks a GQA group of 3 or 7 rows as 3 or 4 + 3: each row's
+        // results must be the bits it gets alone.
+        for d in [1usize, 15, 16, 64, 80, 128] {
+            let q: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.37).sin()).collect();
+            let p: Vec<f32> = (0..4 * PS).map(|i| (i as f32 * 0.13).cos()).collect();
+            let kv: Vec<f32> = (0..5 * d).map(|i| (i as f32 * 0.71).cos()).collect();
+            let alone = |r: usize| {
+                let b = rows_bits::<K, 1>(k, &q[r * d..], &p[r * PS..], &kv, d);
+                (b[0], b[1..].to_vec())
+            };
+            for (rows, got) in [
+                (2, rows_bits::<K, 2>(k, &q, &p, &kv, d)),
+                (3, rows_bits::<K, 3>(k, &q, &p, &kv, d)),
+                (4, rows_bits::<K, 4>(k, &q, &p, &kv, d)),
+            ] {
+                for r in 0..rows {
+                    let (dot, acc) = alone(r);
+                    assert_eq!(got[r], dot, "d={d} rows={rows} r={r}: dot");
+                    assert_eq!(
+                        got[rows + r * d..rows + (r + 1) * d],
+                        acc[..],
+                        "d={d} rows={rows} r={r}: accumulation"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_rows_bits_do_not_depend_on_its_block() {
+        check_blocks(Portable);
+        crate::isa::for_each_available(|isa| {
+            if isa.has_avx512() {
+                check_blocks(Avx512::detect().expect("the avx512 tier is active"));
+            } else if isa.has_avx2() {
+                check_blocks(Avx2::detect().expect("the avx2 tier is active"));
             }
         });
     }
