@@ -379,6 +379,14 @@ fn bad_pipeline_experiments_write_nothing() {
         "verify_tokens",
     );
     s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "kv_cache=f12"]),
+        "kv_cache 'f12'",
+    );
+    s.expect_usage_error(
+        &quick(&["decode_roofline", "--set", "kv_cache=f32,f16"]),
+        "one value",
+    );
+    s.expect_usage_error(
         &quick(&["kv_alloc", "--set", "budget_tokens=1500"]),
         "budget",
     );
@@ -1234,6 +1242,49 @@ fn serving_with_speculation_on_a_real_text_records_the_text_and_acceptance() {
     );
     let md = fs::read_to_string(files_with_ext(&dir, "md")[0].clone()).unwrap();
     assert!(md.contains("Speculation inside the engine against"), "{md}");
+}
+
+#[test]
+fn decode_roofline_runs_an_f16_kv_cache_and_counts_its_bytes() {
+    // llama.cpp stores K and V in f16 by default: `kv_cache=f16` runs ours the same way, and
+    // the roofline's KV bytes are half the f32 cache's at the same point.
+    let s = Setup::new("decode_kv16");
+    s.copy_spec("decode_roofline");
+    let kv_mb = |kv: &str| -> f64 {
+        let dir = s.results.join("decode_roofline");
+        let _ = std::fs::remove_dir_all(&dir);
+        let set = format!("kv_cache={kv}");
+        let args = [
+            "exp",
+            "decode_roofline",
+            "--quick",
+            "--no-peers",
+            "--threads",
+            "1",
+            "--reps",
+            "1",
+            "--set",
+            "weights=f32",
+            "--set",
+            "batch=4",
+            "--set",
+            set.as_str(),
+        ];
+        let out = s.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let rows = common::csv_rows(&dir);
+        let r = rows
+            .iter()
+            .find(|r| r["phase"] == "decode" && r["status"] == "ok")
+            .unwrap_or_else(|| panic!("a decode row at {kv}: {rows:?}"));
+        r["kv_mb"].parse().unwrap()
+    };
+    let (f32_mb, f16_mb) = (kv_mb("f32"), kv_mb("f16"));
+    assert!(f32_mb > 0.0);
+    assert!(
+        (f16_mb / f32_mb - 0.5).abs() < 1e-9,
+        "f16 {f16_mb} MB against f32 {f32_mb} MB"
+    );
 }
 
 #[test]

@@ -71,6 +71,10 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
         "fused | fused:act=q8 (int8 activations; skipped for formats it does not take)",
     ),
     ("batch", "sequences decoded per step"),
+    (
+        "kv_cache",
+        "the KV cache's format, one per run, as `harness generate --kv-cache`: f32 (default), f16 (what llama.cpp stores by default), bf16, int8, fp8, ...",
+    ),
     ("context", "prompt tokens before the timed steps"),
     ("steps", "timed decode steps"),
     (
@@ -222,6 +226,9 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let context = g.one("context", "64", "a positive integer", |n: usize| n > 0)?;
     let steps = g.one("steps", "16", "a positive integer", |n: usize| n > 0)?;
     let prefill = g.parsed("prefill_tokens", &["512"], "a token count", |_: usize| true)?;
+    let kv_spec = g.one_string("kv_cache", "f32")?;
+    let kv_format = kernel_paged::KvCacheFormat::parse(&kv_spec)
+        .map_err(|e| HarnessError::Usage(format!("kv_cache '{kv_spec}': {e}")))?;
     let mut verify = g.parsed(
         "verify_tokens",
         &[],
@@ -291,12 +298,15 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
             let lopts = crate::load_flags::LoadFlags {
                 attention: Some("paged".into()),
                 weights: Some(w.to_string()),
+                kv_cache: Some(kv_spec.clone()),
                 ..Default::default()
             }
             .options()?;
             let loaded = load(path, &lopts)?;
             let (mut m, tokenizer) = (loaded.model, loaded.tokenizer);
-            let kv_token = 2.0 * (m.cfg.layers * m.cfg.kv_dim() * 4) as f64;
+            // K and V bytes per token of context over all layers, in the cache's format.
+            let kv_token = m.cfg.layers as f64
+                * kv_format.bytes_per_token(context, m.cfg.kv_heads, m.cfg.head_dim, 16);
             let ctx_for = |m: &Llama| {
                 let wbytes = m.weight_bytes() as f64;
                 RowCtx {
