@@ -1244,6 +1244,27 @@ fn serving_with_speculation_on_a_real_text_records_the_text_and_acceptance() {
     assert!(md.contains("Speculation inside the engine against"), "{md}");
 }
 
+/// `exp decode_roofline --quick` without peers, one thread and rep, f32 weights, and each of
+/// `sets` as a `--set`.
+fn quick_decode_f32<'a>(sets: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "exp",
+        "decode_roofline",
+        "--quick",
+        "--no-peers",
+        "--threads",
+        "1",
+        "--reps",
+        "1",
+        "--set",
+        "weights=f32",
+    ];
+    for &kv in sets {
+        args.extend(["--set", kv]);
+    }
+    args
+}
+
 #[test]
 fn decode_roofline_runs_an_f16_kv_cache_and_counts_its_bytes() {
     // llama.cpp stores K and V in f16 by default: `kv_cache=f16` runs ours the same way, and
@@ -1254,23 +1275,7 @@ fn decode_roofline_runs_an_f16_kv_cache_and_counts_its_bytes() {
         let dir = s.results.join("decode_roofline");
         let _ = std::fs::remove_dir_all(&dir);
         let set = format!("kv_cache={kv}");
-        let args = [
-            "exp",
-            "decode_roofline",
-            "--quick",
-            "--no-peers",
-            "--threads",
-            "1",
-            "--reps",
-            "1",
-            "--set",
-            "weights=f32",
-            "--set",
-            "batch=4",
-            "--set",
-            set.as_str(),
-        ];
-        let out = s.run(&args);
+        let out = s.run(&quick_decode_f32(&["batch=4", set.as_str()]));
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let rows = common::csv_rows(&dir);
         let r = rows
@@ -1294,23 +1299,7 @@ fn a_product_that_takes_none_of_the_models_formats_writes_skipped_rows_saying_wh
     // reason, and the product that does apply runs beside it.
     let s = Setup::new("decode_none");
     s.copy_spec("decode_roofline");
-    let args = [
-        "exp",
-        "decode_roofline",
-        "--quick",
-        "--no-peers",
-        "--threads",
-        "1",
-        "--reps",
-        "1",
-        "--set",
-        "weights=f32",
-        "--set",
-        "matmul=packed,fused",
-        "--set",
-        "batch=1",
-    ];
-    let out = s.run(&args);
+    let out = s.run(&quick_decode_f32(&["matmul=packed,fused", "batch=1"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let rows = common::csv_rows(&s.results.join("decode_roofline"));
     let packed: Vec<_> = rows.iter().filter(|r| r["matmul"] == "packed").collect();
