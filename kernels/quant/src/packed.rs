@@ -47,9 +47,9 @@
 //!   16), times d·d_x (`packed_q4k`).
 //!
 //! Codes + scales are 16 × the ggml block (288, 320, 352, 384, 544, Q6_K 3360 bytes; Q4_K
-//! 2368 = 16 × 144 + 64, Q5_K 2880 = 16 × 176 + 64), so packing costs no memory beyond padding the last tile to 16 rows
-//! (Q4_K: 2.8% for the unpacked 6-bit fields, Q5_K 2.3%). Where each block's bytes go is
-//! `packed_codes`.
+//! 2368 = 16 × 144 + 64, Q5_K 2880 = 16 × 176 + 64), so packing costs no memory beyond
+//! padding the last tile to 16 rows (Q4_K: 2.8% for the unpacked 6-bit fields, Q5_K 2.3%).
+//! Where each block's bytes go is `packed_codes`.
 //!
 //! The arithmetic is the row-major `FusedQ8`'s exactly — per block an exact integer
 //! Σ(c − offset)·q, times a·d_x, plus m·d_x·Σq for Q4_1 — so the same reference judges it. An
@@ -73,11 +73,11 @@ const TASK_TILES: usize = 2;
 /// Activations per pass over a tile of `format` at `isa`: 8 for the 32-value formats with
 /// AVX-512 VNNI (32 zmm registers hold 8 accumulators, the block's 8 code vectors and the
 /// sums) and for Q4_0 / Q4_1 with AVX2, 4 elsewhere (the K-quant kernels; Q5_0, Q5_1, IQ4_NL
-/// and Q8_0 with AVX2, whose 16 ymm registers hold 4 activations' sums beside their codes). AVX2 Q4 at 8,
-/// measured on a Zen 4 core: in L2 (`tile_rate`, 256 × 576, one thread) 77–82 GMAC/s at 5–8
-/// activations and 78–81 at 64–512 against 57–76 with passes of 4, and a SmolLM2 Q4_0
-/// 8-token step at 2 threads 4% faster (alternated A/B). Q8_0 at 8 was 5% faster in L2 and
-/// no faster in the model; Q5_0 at 8 was slower (65 against 68 GMAC/s).
+/// and Q8_0 with AVX2, whose 16 ymm registers hold 4 activations' sums beside their codes).
+/// AVX2 Q4 at 8, measured on a Zen 4 core: in L2 (`tile_rate`, 256 × 576, one thread) 77–82
+/// GMAC/s at 5–8 activations and 78–81 at 64–512 against 57–76 with passes of 4, and a
+/// SmolLM2 Q4_0 8-token step at 2 threads 4% faster (alternated A/B). Q8_0 at 8 was 5%
+/// faster in L2 and no faster in the model; Q5_0 at 8 was slower (65 against 68 GMAC/s).
 fn pass(format: WeightFormat, isa: Isa) -> usize {
     let avx2_q4 = matches!(format, WeightFormat::Q4_0 | WeightFormat::Q4_1);
     if (isa.has_avx512_vnni() && block_values(format) == BLOCK) || (isa.has_avx2() && avx2_q4) {
@@ -627,10 +627,10 @@ mod tests {
     #[test]
     fn every_batch_from_1_to_64_and_past_a_span_matches_the_f64_product_at_every_tier() {
         // Each pass size's tails (AVX-512 takes 8 activations a pass, AVX2 8 of Q4 and 4 of
-        // Q5_0 / Q5_1 / IQ4_NL / Q8_0, portable 4),
-        // with a partial last tile, tiles in pieces (17 blocks: 14 + 3 of Q4_0, 11 + 6 of Q5_0,
-        // 10 + 7 of Q5_1, 7 + 7 + 3 of Q8_0) and batches past one task's span of 64; the f64 product of the
-        // decoded weights with the activation as the kernel sees it (d·q) is the reference.
+        // Q5_0 / Q5_1 / IQ4_NL / Q8_0, portable 4), with a partial last tile, tiles in pieces
+        // (17 blocks: 14 + 3 of Q4_0 and IQ4_NL, 11 + 6 of Q5_0, 10 + 7 of Q5_1, 7 + 7 + 3 of
+        // Q8_0) and batches past one task's span of 64; the f64 product of the decoded weights
+        // with the activation as the kernel sees it (d·q) is the reference.
         let (rows, cols) = (40, 17 * 32);
         assert!(piece_blocks(WeightFormat::Q4_1) < 17 && piece_blocks(WeightFormat::Q8_0) < 8);
         for name in ["q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0"] {

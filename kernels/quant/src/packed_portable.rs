@@ -1,8 +1,8 @@
 //! The portable tier's bodies of the packed tiles (`crate::packed`: Q4_0, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the AVX2 / AVX-512
-//! bodies, with no instruction beyond the baseline ISA, for up to 4 activations a pass. The
-//! integer cores (`cores`) give Σc·q per row of one tile-block piece — a 32-value block, a
-//! K-quant sub-block, a Q6_K half of 16 + 16 values — for every activation of the pass,
+//! IQ4_NL, Q8_0, Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic on the same layout as the
+//! AVX2 / AVX-512 bodies, with no instruction beyond the baseline ISA, for up to 4 activations
+//! a pass. The integer cores (`cores`) give Σc·q per row of one tile-block piece — a 32-value
+//! block, a K-quant sub-block, a Q6_K half of 16 + 16 values — for every activation of the pass,
 //! exactly: on x86-64 in SSE2 (part of every x86-64; `pmaddwd` over codes widened to i16 once
 //! for the pass, so nothing overflows), elsewhere in plain loops (`plain`, which a test holds
 //! equal to the SSE2 cores on arbitrary bytes). The bodies then take the format's code offset
