@@ -90,18 +90,6 @@ fn q5k_codes(bytes: &[u8]) -> [u8; SUPER] {
     c
 }
 
-/// The ggml Q5_K code bytes (`out[16..176]`: 5th bits, then nibbles) of 256 codes.
-fn put_q5k_codes(c: &[u8; SUPER], out: &mut [u8]) {
-    out[16..48].fill(0);
-    for h in 0..4 {
-        for i in 0..32 {
-            let (l1, l2) = (c[64 * h + i], c[64 * h + 32 + i]);
-            out[16 + i] |= (l1 >> 4) << (2 * h) | (l2 >> 4) << (2 * h + 1);
-            out[48 + 32 * h + i] = (l1 & 0x0F) | (l2 & 0x0F) << 4;
-        }
-    }
-}
-
 /// The 256 codes (0..63) of a ggml Q6_K block, in value order (`kquants::q6_k`'s layout).
 fn q6k_codes(bytes: &[u8]) -> [u8; SUPER] {
     let mut c = [0u8; SUPER];
@@ -243,13 +231,9 @@ pub(crate) fn get_block(format: WeightFormat, r: usize, codes: &[u8], scales: &[
                 c[32 * j..32 * j + 32].copy_from_slice(&cj);
             }
             if format == WeightFormat::Q5_K {
-                put_q5k_codes(&c, &mut out);
+                crate::kquants::q4_k::put_q5k_codes(&c, &mut out);
             } else {
-                for h in 0..4 {
-                    for i in 0..32 {
-                        out[16 + 32 * h + i] = c[64 * h + i] | c[64 * h + 32 + i] << 4;
-                    }
-                }
+                crate::kquants::q4_k::put_q4k_codes(&c, &mut out);
             }
         }
         WeightFormat::Q5_0 | WeightFormat::Q5_1 => {

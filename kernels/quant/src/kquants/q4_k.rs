@@ -75,6 +75,31 @@ fn unpack_scales(b: &[u8], u: &mut Unpacked) {
     }
 }
 
+/// Writes 256 codes (0..=15, in value order) as a Q4_K block's 128 nibble bytes
+/// (`out[16..144]`: byte 16 + 32h + i holds value 64h + i low and 64h + 32 + i high).
+pub(crate) fn put_q4k_codes(l: &[u8; 256], out: &mut [u8]) {
+    for h in 0..4 {
+        for i in 0..32 {
+            out[16 + 32 * h + i] = l[64 * h + i] | (l[64 * h + 32 + i] << 4);
+        }
+    }
+}
+
+/// Writes 256 codes (0..=31, in value order) as a Q5_K block's 32 bytes of 5th bits and 128
+/// nibble bytes (`out[16..176]`: value 64h + i + 32k's 5th bit is bit 2h + k of byte 16 + i,
+/// its low 4 bits as Q4_K's from byte 48).
+pub(crate) fn put_q5k_codes(l: &[u8; 256], out: &mut [u8]) {
+    let (qh, ql) = out[16..176].split_at_mut(32);
+    qh.fill(0);
+    for h in 0..4 {
+        for i in 0..32 {
+            let (l1, l2) = (l[64 * h + i], l[64 * h + 32 + i]);
+            qh[i] |= (l1 >> 4) << (2 * h) | (l2 >> 4) << (2 * h + 1);
+            ql[32 * h + i] = (l1 & 0x0F) | (l2 & 0x0F) << 4;
+        }
+    }
+}
+
 /// The Q4_K codec.
 pub struct Q4K;
 
@@ -91,11 +116,7 @@ impl Codec for Q4K {
             use_mad: false,
         };
         let l = encode_scales(&fit, &x[..256], out)?;
-        for h in 0..4 {
-            for i in 0..32 {
-                out[16 + 32 * h + i] = l[64 * h + i] | (l[64 * h + 32 + i] << 4);
-            }
-        }
+        put_q4k_codes(&l, out);
         Ok(())
     }
 
@@ -128,23 +149,9 @@ impl Codec for Q5K {
             nstep: 15,
             use_mad: false,
         };
+        // Codes are at most nmax = 31, so bit 4 is the 5th bit.
         let l = encode_scales(&fit, &x[..256], out)?;
-        let (qh, ql) = out[16..176].split_at_mut(32);
-        qh.fill(0);
-        for h in 0..4 {
-            for i in 0..32 {
-                let (mut l1, mut l2) = (l[64 * h + i], l[64 * h + 32 + i]);
-                if l1 > 15 {
-                    l1 -= 16;
-                    qh[i] |= 1 << (2 * h);
-                }
-                if l2 > 15 {
-                    l2 -= 16;
-                    qh[i] |= 2 << (2 * h);
-                }
-                ql[32 * h + i] = l1 | (l2 << 4);
-            }
-        }
+        put_q5k_codes(&l, out);
         Ok(())
     }
 
