@@ -52,44 +52,52 @@ pub(crate) fn tile_dot(
         let vnni = isa.has_avx512_vnni();
         // SAFETY: the tier was allowed on the caller's thread, so the CPU has AVX2, FMA and
         // F16C (and AVX-512 VNNI where that body runs); the tile holds the tile-blocks
-        // `blocks` of `format` and every activation covers them (asserted). Passes past 4
-        // only where `k_pass` gives them: the VNNI bodies.
+        // `blocks` of `format` and every activation covers them (asserted).
         unsafe {
-            macro_rules! go {
+            macro_rules! vnni {
                 ($n:literal) => {{
                     let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
                     let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
                     let b = blocks.clone();
-                    use crate::avx2::{packed_q4k as avx2_q4k, packed_q6k as avx2_q6k};
-                    use crate::avx512::packed_k as vnni_k;
-                    match (format, vnni) {
-                        (WeightFormat::Q4_K, true) => {
-                            vnni_k::tile_q4k::<false, $n>(codes, scales, b, a, o)
-                        }
-                        (WeightFormat::Q5_K, true) => {
-                            vnni_k::tile_q4k::<true, $n>(codes, scales, b, a, o)
-                        }
-                        (_, true) => vnni_k::tile_q6k::<$n>(codes, scales, b, a, o),
-                        _ if $n > 4 => unreachable!("passes past 4 run on VNNI only"),
-                        (WeightFormat::Q4_K, false) => {
-                            avx2_q4k::tile_dot::<false, $n>(codes, scales, b, a, o)
-                        }
-                        (WeightFormat::Q5_K, false) => {
-                            avx2_q4k::tile_dot::<true, $n>(codes, scales, b, a, o)
-                        }
-                        (_, false) => avx2_q6k::tile_dot::<$n>(codes, scales, b, a, o),
+                    use crate::avx512::packed_k::{tile_q4k, tile_q6k};
+                    match format {
+                        WeightFormat::Q4_K => tile_q4k::<false, $n>(codes, scales, b, a, o),
+                        WeightFormat::Q5_K => tile_q4k::<true, $n>(codes, scales, b, a, o),
+                        _ => tile_q6k::<$n>(codes, scales, b, a, o),
                     }
                 }};
             }
-            match acts.len() {
-                1 => go!(1),
-                2 => go!(2),
-                3 => go!(3),
-                4 => go!(4),
-                5 => go!(5),
-                6 => go!(6),
-                7 => go!(7),
-                _ => go!(8),
+            macro_rules! avx2 {
+                ($n:literal) => {{
+                    let a: [&Q8KActivation; $n] = std::array::from_fn(|i| &acts[i]);
+                    let o: &mut [[f32; TILE]; $n] = out.try_into().expect("asserted length");
+                    let b = blocks.clone();
+                    use crate::avx2::{packed_q4k, packed_q6k};
+                    match format {
+                        WeightFormat::Q4_K => {
+                            packed_q4k::tile_dot::<false, $n>(codes, scales, b, a, o)
+                        }
+                        WeightFormat::Q5_K => {
+                            packed_q4k::tile_dot::<true, $n>(codes, scales, b, a, o)
+                        }
+                        _ => packed_q6k::tile_dot::<$n>(codes, scales, b, a, o),
+                    }
+                }};
+            }
+            // Passes past 4 only where `k_pass` gives them: the VNNI bodies.
+            match (vnni, acts.len()) {
+                (true, 1) => vnni!(1),
+                (true, 2) => vnni!(2),
+                (true, 3) => vnni!(3),
+                (true, 4) => vnni!(4),
+                (true, 5) => vnni!(5),
+                (true, 6) => vnni!(6),
+                (true, 7) => vnni!(7),
+                (true, _) => vnni!(8),
+                (false, 1) => avx2!(1),
+                (false, 2) => avx2!(2),
+                (false, 3) => avx2!(3),
+                (false, _) => avx2!(4),
             }
         }
         return;
