@@ -267,23 +267,17 @@ fn accumulate_run<K: CodedRows, V: Values>(
     let mut r = 0;
     while r < rows {
         let (o, p) = (&mut acc.o[r * d..], &s[r * CHUNK + col..]);
+        macro_rules! block {
+            ($n:literal) => {{
+                values.accumulate::<K, $n>(kern, o, d, p, CHUNK, n);
+                $n
+            }};
+        }
         r += match rows - r {
-            1 => {
-                values.accumulate::<K, 1>(kern, o, d, p, CHUNK, n);
-                1
-            }
-            2 => {
-                values.accumulate::<K, 2>(kern, o, d, p, CHUNK, n);
-                2
-            }
-            3 => {
-                values.accumulate::<K, 3>(kern, o, d, p, CHUNK, n);
-                3
-            }
-            _ => {
-                values.accumulate::<K, 4>(kern, o, d, p, CHUNK, n);
-                4
-            }
+            1 => block!(1),
+            2 => block!(2),
+            3 => block!(3),
+            _ => block!(4),
         };
     }
 }
