@@ -1293,6 +1293,35 @@ fn decode_roofline_runs_an_f16_kv_cache_and_counts_its_bytes() {
 }
 
 #[test]
+fn decode_roofline_gathers_each_batchs_samples_from_every_pass() {
+    // `rounds=3`: three passes over the batch list, each timing `steps` steps of every batch,
+    // so each decode row holds 3 × steps samples (1 × steps without the key and no peer); a
+    // second value or 0 is a usage error.
+    let s = Setup::new("decode_rounds");
+    s.copy_spec("decode_roofline");
+    let reps = |extra: &[&str]| -> Vec<(String, String)> {
+        let dir = s.results.join("decode_roofline");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut sets = vec!["batch=1,3", "steps=2"];
+        sets.extend(extra);
+        let out = s.run(&quick_decode_f32(&sets));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let rows = common::csv_rows(&dir);
+        rows.iter()
+            .filter(|r| r["phase"] == "decode")
+            .map(|r| (r["batch"].clone(), r["reps"].clone()))
+            .collect()
+    };
+    let pairs = |n: &str| vec![("1".into(), n.into()), ("3".into(), n.into())];
+    assert_eq!(reps(&[]), pairs("2"));
+    assert_eq!(reps(&["rounds=3"]), pairs("6"));
+    let fresh = Setup::new("decode_rounds_usage");
+    fresh.copy_spec("decode_roofline");
+    fresh.expect_usage_error(&quick_decode_f32(&["rounds=0"]), "rounds '0'");
+    fresh.expect_usage_error(&quick_decode_f32(&["rounds=2,3"]), "rounds takes one value");
+}
+
+#[test]
 fn a_product_that_takes_none_of_the_models_formats_writes_skipped_rows_saying_why() {
     // `packed` takes no f32 weights: its points were dropped without a row (a Q5_K_M file
     // judged by one layer's format wrote an empty run); now each is a skipped row with the

@@ -3,7 +3,8 @@
 //! once plus each sequence's K/V, so it takes at least (weight bytes + KV bytes) / the read
 //! bandwidth measured at the start of the run — and the time of one long prompt (prefill,
 //! the time to first token). Each batched step is checked against batch-1 logits of the same
-//! sequence. With `verify_tokens`, also the k-token forward step of one sequence (a
+//! sequence. Decode runs in passes over the batch list (`rounds`), each batch then each peer
+//! at it once a pass, so every batch's samples span the whole run. With `verify_tokens`, also the k-token forward step of one sequence (a
 //! speculative verification pass, all k logits) against the 1-token step: its cost in decode
 //! steps beside the roofline's prediction (experiment verify_cost), each checked against the
 //! same tokens decoded one at a time.
@@ -76,7 +77,11 @@ pub const GRID_KEYS: &[(&str, &str)] = &[
         "the KV cache's format, one per run, as `harness generate --kv-cache`: f32 (default), f16 (what llama.cpp stores by default), bf16, int8, fp8, ...",
     ),
     ("context", "prompt tokens before the timed steps"),
-    ("steps", "timed decode steps"),
+    ("steps", "timed decode steps per pass"),
+    (
+        "rounds",
+        "passes over the batch list, one per run (default 3 where a peer runs, else 1): each pass times every batch once (then the peers at it), so a batch's samples come from every pass and drift on a shared machine falls on all batches alike",
+    ),
     (
         "prefill_tokens",
         "prompt length of the prefill (time to first token) row",
@@ -225,6 +230,10 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
     let batches = g.counts("batch", &["1", "8"])?;
     let context = g.one("context", "64", "a positive integer", |n: usize| n > 0)?;
     let steps = g.one("steps", "16", "a positive integer", |n: usize| n > 0)?;
+    let rounds_set: Option<usize> = match grid.contains_key("rounds") {
+        true => Some(g.one("rounds", "1", "a positive integer", |n: usize| n > 0)?),
+        false => None,
+    };
     let prefill = g.parsed("prefill_tokens", &["512"], "a token count", |_: usize| true)?;
     let kv_spec = g.one_string("kv_cache", "f32")?;
     let kv_format = kernel_paged::KvCacheFormat::parse(&kv_spec)
@@ -389,20 +398,39 @@ pub fn run(req: &ExpRequest) -> Result<i32> {
                 m.set_matmul(*variant)?;
                 let m = &m;
                 let ctx = ctx_for(m);
+                // Passes over the batch list: in each, every batch once, then each live peer
+                // at it; a batch's row gathers its samples from every pass (the check is the
+                // first pass's).
+                let mut timed = vec![];
                 for &b in &batches {
-                    bar.set_message(format!("{name} {w}: decode batch {b}"));
                     let phase = decode_phase(b);
-                    if let Some(note) = ctx.over_budget(&phase, m.cfg.vocab, &opts.mem_budget) {
-                        rows.push(ctx.skipped("model", mname, &phase, note));
-                        bar.inc(1);
-                        continue;
+                    match ctx.over_budget(&phase, m.cfg.vocab, &opts.mem_budget) {
+                        Some(note) => rows.push(ctx.skipped("model", mname, &phase, note)),
+                        None => timed.push((b, Timing { samples: vec![] }, None)),
                     }
-                    let point = PeerPoint::decode(b, context, steps);
-                    // With a peer at the point, 3 rounds alternate: ours, each peer, again.
-                    let (t, err) = peers.alternate(&mut slots, path, &point, 3, || {
-                        decode_times(m, b, context, steps)
-                    })?;
-                    let row = ctx.row("model", mname, &phase, &t, err);
+                }
+                bar.inc((batches.len() - timed.len()) as u64);
+                let live = timed
+                    .iter()
+                    .any(|t| peers.live_at(&slots, &PeerPoint::decode(t.0, context, steps)));
+                let rounds = rounds_set.unwrap_or(if live { 3 } else { 1 });
+                for pass in 0..rounds {
+                    for (b, t, err) in timed.iter_mut() {
+                        bar.set_message(format!(
+                            "{name} {w}: decode batch {b} (pass {}/{rounds})",
+                            pass + 1
+                        ));
+                        let point = PeerPoint::decode(*b, context, steps);
+                        let (one, check) = decode_times(m, *b, context, steps)?;
+                        peers.time_round(&mut slots, path, &point);
+                        t.samples.extend(one.samples);
+                        if pass == 0 {
+                            *err = check;
+                        }
+                    }
+                }
+                for (b, t, err) in timed {
+                    let row = ctx.row("model", mname, &decode_phase(b), &t, err);
                     failures += usize::from(row.head.status == "fail");
                     rows.push(row);
                     bar.inc(1);
