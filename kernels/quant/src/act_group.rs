@@ -36,10 +36,15 @@ impl ActGroup {
             .all(|a| a.q.len() >= 32 * blocks && a.d.len() >= blocks && a.sum.len() >= blocks));
         self.n = n;
         self.blocks = blocks;
-        self.q.resize(32 * n * blocks, 0);
-        self.d.resize(n * blocks, 0.0);
-        self.sum.resize(n * blocks, 0.0);
-        self.bias.resize(n * blocks, 0);
+        // The buffers only grow: every entry the kernels read (`covers`) is written below, and
+        // shrinking then growing again (a layer's products alternate 576 and 1536 columns)
+        // zeroed the regrown part on every call.
+        if self.q.len() < 32 * n * blocks {
+            self.q.resize(32 * n * blocks, 0);
+            self.d.resize(n * blocks, 0.0);
+            self.sum.resize(n * blocks, 0.0);
+            self.bias.resize(n * blocks, 0);
+        }
         for (b, a) in acts.iter().enumerate() {
             for k in 0..blocks {
                 let i = k * n + b;

@@ -6,6 +6,7 @@
 //! the rows routed to it, combined with the routing weights, plus Qwen2-MoE's shared expert
 //! scaled by sigmoid(x · gate).
 
+use crate::model::forward::LayerScratch;
 use crate::model::llama::{Expert, Ffn, Llama, Mlp, Result, SharedExpert};
 use kernel_cpu::ops::Gate;
 use kernel_moe::{route, MoeConfig, Priority};
@@ -14,34 +15,55 @@ use kernel_quant::MatVecVariant;
 impl Expert {
     /// down(act(gate) · up) for `n` rows of `x`.
     fn forward(&self, x: &[f32], n: usize, mlp: Mlp, v: MatVecVariant) -> Result<Vec<f32>> {
-        let gu = self.gate_up.forward(x, n, v)?;
+        let mut s = LayerScratch::default();
+        self.forward_into(x, n, mlp, v, &mut s)?;
+        Ok(s.ffn_out)
+    }
+
+    /// `forward` into `s.ffn_out`, through `s`'s gate|up and gated buffers.
+    fn forward_into(
+        &self,
+        x: &[f32],
+        n: usize,
+        mlp: Mlp,
+        v: MatVecVariant,
+        s: &mut LayerScratch,
+    ) -> Result<()> {
+        self.gate_up.forward_into(x, n, v, &mut s.gate_up)?;
         let f = self.width();
         let gate = match mlp {
             Mlp::SwiGlu => Gate::Silu,
             Mlp::GeGlu => Gate::GeluTanh,
         };
-        let mut h = vec![0.0f32; gu.len() / 2];
-        kernel_cpu::ops::gated(&gu, f, &mut h, gate);
-        self.down.forward(&h, n, v)
+        s.gated.resize(s.gate_up.len() / 2, 0.0);
+        kernel_cpu::ops::gated(&s.gate_up, f, &mut s.gated, gate);
+        self.down.forward_into(&s.gated, n, v, &mut s.ffn_out)
     }
 }
 
 impl Llama {
-    /// The feed-forward `ffn` of `n` rows of `x`.
-    pub(super) fn ffn(&self, ffn: &Ffn, x: &[f32], n: usize) -> Result<Vec<f32>> {
+    /// The feed-forward `ffn` of `n` rows of `x`, into `s.ffn_out`.
+    pub(super) fn ffn_into(
+        &self,
+        ffn: &Ffn,
+        x: &[f32],
+        n: usize,
+        s: &mut LayerScratch,
+    ) -> Result<()> {
         let mlp = self.cfg.blocks.mlp;
         match ffn {
-            Ffn::Dense(e) => e.forward(x, n, mlp, self.matmul),
+            Ffn::Dense(e) => e.forward_into(x, n, mlp, self.matmul, s),
             Ffn::Moe {
                 router,
                 experts,
                 shared,
             } => {
                 let mut out = self.moe(router, experts, x, n)?;
-                if let Some(s) = shared {
-                    self.add_shared(s, x, n, &mut out)?;
+                if let Some(sh) = shared {
+                    self.add_shared(sh, x, n, &mut out)?;
                 }
-                Ok(out)
+                s.ffn_out = out;
+                Ok(())
             }
         }
     }
