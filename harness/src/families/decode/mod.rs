@@ -4,10 +4,10 @@
 //! bandwidth measured at the start of the run — and the time of one long prompt (prefill,
 //! the time to first token). Each batched step is checked against batch-1 logits of the same
 //! sequence. Decode runs in passes over the batch list (`rounds`), each batch then each peer
-//! at it once a pass, so every batch's samples span the whole run. With `verify_tokens`, also the k-token forward step of one sequence (a
-//! speculative verification pass, all k logits) against the 1-token step: its cost in decode
-//! steps beside the roofline's prediction (experiment verify_cost), each checked against the
-//! same tokens decoded one at a time.
+//! at it once a pass, so every batch's samples span the whole run. With `verify_tokens`, also
+//! the k-token forward step of one sequence (a speculative verification pass, all k logits)
+//! against the 1-token step: its cost in decode steps beside the roofline's prediction
+//! (experiment verify_cost), each checked against the same tokens decoded one at a time.
 
 use crate::error::{HarnessError, Result};
 use crate::family::{listed, one_of, ExpFamily, Family};
