@@ -91,7 +91,8 @@ pub fn supports(variant: MatVecVariant, format: WeightFormat) -> Result<()> {
     }
     if matches!(variant, MatVecVariant::Packed(_)) && !crate::packed::packable(format) {
         return Err(KernelError::Unsupported(format!(
-            "packed takes q4_0, q4_1, q5_0, q5_1, iq4_nl, q8_0, q4_k, q5_k and q6_k, not {format}"
+            "packed takes {}, not {format}",
+            crate::packed::packable_names()
         )));
     }
     if matches!(variant, MatVecVariant::FusedQ8(_))

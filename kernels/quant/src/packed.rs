@@ -105,20 +105,29 @@ pub struct PackedMatrix {
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// Whether `format` has a packed layout (the ggml formats GGUF checkpoints use).
+/// The formats with a packed layout (the ggml formats GGUF checkpoints use).
+pub const PACKABLE: [WeightFormat; 9] = [
+    WeightFormat::Q4_0,
+    WeightFormat::Q4_1,
+    WeightFormat::Q5_0,
+    WeightFormat::Q5_1,
+    WeightFormat::IQ4_NL,
+    WeightFormat::Q8_0,
+    WeightFormat::Q4_K,
+    WeightFormat::Q5_K,
+    WeightFormat::Q6_K,
+];
+
+/// Whether `format` has a packed layout.
 pub fn packable(format: WeightFormat) -> bool {
-    matches!(
-        format,
-        WeightFormat::Q4_0
-            | WeightFormat::Q4_1
-            | WeightFormat::Q5_0
-            | WeightFormat::Q5_1
-            | WeightFormat::IQ4_NL
-            | WeightFormat::Q8_0
-            | WeightFormat::Q4_K
-            | WeightFormat::Q5_K
-            | WeightFormat::Q6_K
-    )
+    PACKABLE.contains(&format)
+}
+
+/// `PACKABLE` as a sentence's list ("q4_0, q4_1, … and q6_k"), for the errors that name them.
+pub fn packable_names() -> String {
+    let names: Vec<String> = PACKABLE.iter().map(|f| f.to_string()).collect();
+    let (last, rest) = names.split_last().expect("PACKABLE is not empty");
+    format!("{} and {last}", rest.join(", "))
 }
 
 impl PackedMatrix {
@@ -156,7 +165,8 @@ impl PackedMatrix {
     pub fn pack(m: &QuantMatrix) -> Result<PackedMatrix> {
         if !packable(m.format) {
             return Err(KernelError::Unsupported(format!(
-                "packed tiles take q4_0, q4_1, q5_0, q5_1, iq4_nl, q8_0, q4_k, q5_k and q6_k, not {}",
+                "packed tiles take {}, not {}",
+                packable_names(),
                 m.format
             )));
         }
@@ -729,10 +739,7 @@ mod tests {
         // against activations quantised to ±127 everywhere: the integer sums at their bound
         // (an AVX2 i16 sum over 8 k-steps of 5-bit codes would wrap: 8 · 2 · 31 · 127 > 32767),
         // batch 1 and a full pass, within f32 rounding of the f64 product.
-        for name in [
-            "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "q4_k", "q5_k", "q6_k",
-        ] {
-            let f = WeightFormat::parse(name).unwrap();
+        for f in PACKABLE {
             let (rows, cols) = (16, 2 * block_values(f));
             let mut block = vec![0xFFu8; f.block_bytes()];
             let one = [0x00, 0x3C]; // f16 1.0
@@ -767,7 +774,7 @@ mod tests {
                     for batch in [1, 8] {
                         let mut y = vec![f32::NAN; batch * rows];
                         matmul(&p, &x[..batch * cols], batch, &mut y, isa).unwrap();
-                        let what = format!("{name} {isa} batch {batch} sign {sign}");
+                        let what = format!("{f} {isa} batch {batch} sign {sign}");
                         assert_near_f64_product(&y, &dec, &seen[..batch * cols], cols, &what);
                     }
                 }
@@ -776,11 +783,28 @@ mod tests {
     }
 
     #[test]
+    fn the_errors_name_every_packable_format_as_a_list() {
+        assert_eq!(
+            packable_names(),
+            "q4_0, q4_1, q5_0, q5_1, iq4_nl, q8_0, q4_k, q5_k and q6_k"
+        );
+        let q2k = QuantMatrix::from_bytes(
+            WeightFormat::Q2_K,
+            1,
+            256,
+            vec![0; WeightFormat::Q2_K.block_bytes()],
+        )
+        .unwrap();
+        let e = PackedMatrix::pack(&q2k).unwrap_err().to_string();
+        assert!(
+            e.contains("take q4_0, q4_1,") && e.ends_with("q6_k, not q2_k"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn pack_unpack_and_rows_round_trip() {
-        for name in [
-            "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "q4_k", "q5_k", "q6_k",
-        ] {
-            let f = WeightFormat::parse(name).unwrap();
+        for f in PACKABLE {
             let cols = 3 * block_values(f);
             for rows in [1usize, 15, 16, 17, 40] {
                 let w = WeightDist::Outliers {
@@ -795,7 +819,7 @@ mod tests {
                     (rows.div_ceil(16) * 3 * tile_block_bytes(f)).next_multiple_of(64)
                 );
                 assert_eq!(p.bytes().as_ptr() as usize % 64, 0);
-                assert_eq!(p.unpack(), m, "{name} {rows}");
+                assert_eq!(p.unpack(), m, "{f} {rows}");
                 let mut a = vec![0.0; cols];
                 let mut b = vec![0.0; cols];
                 for r in 0..rows {

@@ -114,10 +114,7 @@ mod tests {
 
     #[test]
     fn packed_products_equal_the_reference_at_every_tier() {
-        for name in [
-            "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q8_0", "q4_k", "q5_k", "q6_k",
-        ] {
-            let f = WeightFormat::parse(name).unwrap();
+        for f in crate::packed::PACKABLE {
             for (rows, blocks, batch) in
                 [(1, 1, 1), (37, 3, 1), (64, 18, 5), (17, 2, 9), (40, 4, 33)]
             {
@@ -140,7 +137,7 @@ mod tests {
                     let stats = ErrorStats::compare(&y, &want);
                     assert!(
                         stats.passes(&tolerance(DType::F32).scaled_to(&want)),
-                        "{name} {rows}x{cols} b{batch} {isa}: {stats:?}"
+                        "{f} {rows}x{cols} b{batch} {isa}: {stats:?}"
                     );
                     // The row-major matrix handed to the packed variant packs per call.
                     let mut y2 = vec![f32::NAN; batch * rows];
