@@ -291,12 +291,11 @@ mod sse2 {
     }
 }
 
-/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or Q8_0) are
-/// `codes` /
-/// `scales` · activation b of `acts`, over the tile-blocks `blocks`: the sums run on from
-/// `out`, so a tile taken in pieces gives the bits of one walk, and each activation's sums
-/// are the bits it gets alone (the integer dots are exact; the f32 steps per row are the same
-/// whatever B is).
+/// out[b][r] += row r of the tile whose tile-blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or Q8_0)
+/// are `codes` / `scales` · activation b of `acts`, over the tile-blocks `blocks`: the sums
+/// run on from `out`, so a tile taken in pieces gives the bits of one walk, and each
+/// activation's sums are the bits it gets alone (the integer dots are exact; the f32 steps per
+/// row are the same whatever B is).
 pub(crate) fn tile_dot_q8<const B: usize>(
     format: WeightFormat,
     codes: &[u8],

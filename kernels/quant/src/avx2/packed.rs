@@ -180,8 +180,13 @@ unsafe fn tile_q5<const MIN: bool, const B: usize>(
     acts: &ActGroup,
     out: &mut [[f32; 16]; B],
 ) {
-    let cb = crate::packed_layout::code_bytes(WeightFormat::Q5_0);
-    let sb = if MIN { 64 } else { 32 };
+    let format = if MIN {
+        WeightFormat::Q5_1
+    } else {
+        WeightFormat::Q5_0
+    };
+    let cb = crate::packed_layout::code_bytes(format);
+    let sb = crate::packed_layout::scale_bytes(format);
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
@@ -252,7 +257,12 @@ unsafe fn tile_q8<const NL: bool, const B: usize>(
     acts: &ActGroup,
     out: &mut [[f32; 16]; B],
 ) {
-    let cb = if NL { 256 } else { 512 };
+    let format = if NL {
+        WeightFormat::IQ4_NL
+    } else {
+        WeightFormat::Q8_0
+    };
+    let cb = crate::packed_layout::code_bytes(format);
     let ones = _mm256_set1_epi16(1);
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
         crate::iq4nl::KVALUES.as_ptr() as *const __m128i
@@ -265,7 +275,10 @@ unsafe fn tile_q8<const NL: bool, const B: usize>(
         }
     }
     for k in blocks {
-        let (blk, sc) = (codes.add(k * cb), scales.add(k * 32));
+        let (blk, sc) = (
+            codes.add(k * cb),
+            scales.add(k * crate::packed_layout::scale_bytes(format)),
+        );
         prefetch(blk, cb);
         let mut dot = [[_mm256_setzero_si256(); 2]; B];
         for s in 0..8 {
