@@ -1265,6 +1265,16 @@ fn quick_decode_f32<'a>(sets: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
+/// The rows of one `quick_decode_f32(sets)` run in `s`, its results dir emptied first; the
+/// run must exit 0.
+fn quick_decode_rows(s: &Setup, sets: &[&str]) -> Vec<std::collections::HashMap<String, String>> {
+    let dir = s.results.join("decode_roofline");
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = s.run(&quick_decode_f32(sets));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    common::csv_rows(&dir)
+}
+
 #[test]
 fn decode_roofline_runs_an_f16_kv_cache_and_counts_its_bytes() {
     // llama.cpp stores K and V in f16 by default: `kv_cache=f16` runs ours the same way, and
@@ -1272,12 +1282,8 @@ fn decode_roofline_runs_an_f16_kv_cache_and_counts_its_bytes() {
     let s = Setup::new("decode_kv16");
     s.copy_spec("decode_roofline");
     let kv_mb = |kv: &str| -> f64 {
-        let dir = s.results.join("decode_roofline");
-        let _ = std::fs::remove_dir_all(&dir);
         let set = format!("kv_cache={kv}");
-        let out = s.run(&quick_decode_f32(&["batch=4", set.as_str()]));
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        let rows = common::csv_rows(&dir);
+        let rows = quick_decode_rows(&s, &["batch=4", set.as_str()]);
         let r = rows
             .iter()
             .find(|r| r["phase"] == "decode" && r["status"] == "ok")
@@ -1300,14 +1306,10 @@ fn decode_roofline_gathers_each_batchs_samples_from_every_pass() {
     let s = Setup::new("decode_rounds");
     s.copy_spec("decode_roofline");
     let reps = |extra: &[&str]| -> Vec<(String, String)> {
-        let dir = s.results.join("decode_roofline");
-        let _ = std::fs::remove_dir_all(&dir);
         let mut sets = vec!["batch=1,3", "steps=2"];
         sets.extend(extra);
-        let out = s.run(&quick_decode_f32(&sets));
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        let rows = common::csv_rows(&dir);
-        rows.iter()
+        quick_decode_rows(&s, &sets)
+            .iter()
             .filter(|r| r["phase"] == "decode")
             .map(|r| (r["batch"].clone(), r["reps"].clone()))
             .collect()
@@ -1328,9 +1330,7 @@ fn a_product_that_takes_none_of_the_models_formats_writes_skipped_rows_saying_wh
     // reason, and the product that does apply runs beside it.
     let s = Setup::new("decode_none");
     s.copy_spec("decode_roofline");
-    let out = s.run(&quick_decode_f32(&["matmul=packed,fused", "batch=1"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let rows = common::csv_rows(&s.results.join("decode_roofline"));
+    let rows = quick_decode_rows(&s, &["matmul=packed,fused", "batch=1"]);
     let packed: Vec<_> = rows.iter().filter(|r| r["matmul"] == "packed").collect();
     assert_eq!(packed.len(), 2, "decode batch 1 and the prefill: {rows:?}");
     for r in packed {
